@@ -43,7 +43,11 @@ impl ArenaRegion {
         let (o, l) = (off as usize, len as usize);
         match o.checked_add(l) {
             Some(end) if end <= self.len => Ok(self.base + o),
-            _ => Err(OutOfBounds { off: off as u64, len: len as u64, bound: self.len as u64 }),
+            _ => Err(OutOfBounds {
+                off: off as u64,
+                len: len as u64,
+                bound: self.len as u64,
+            }),
         }
     }
 }
@@ -111,13 +115,19 @@ impl ArenaAllocator {
             start as u32
         };
         self.in_use_bytes += size;
-        Some(ArenaBuf { off, cap: u32::try_from(size).unwrap_or(u32::MAX) })
+        Some(ArenaBuf {
+            off,
+            cap: u32::try_from(size).unwrap_or(u32::MAX),
+        })
     }
 
     /// Returns `buf` (as returned by [`Self::alloc`]) for reuse.
     pub fn free(&mut self, buf: ArenaBuf) {
         let (class, size) = Self::class_of(buf.cap);
-        debug_assert!(buf.off as u64 + size <= self.bump, "freeing a buffer we never gave out");
+        debug_assert!(
+            buf.off as u64 + size <= self.bump,
+            "freeing a buffer we never gave out"
+        );
         self.in_use_bytes -= size;
         self.free[class].push(buf.off);
     }
@@ -135,7 +145,10 @@ mod tests {
 
     #[test]
     fn region_resolve_checks_bounds() {
-        let r = ArenaRegion { base: 4096, len: 1000 };
+        let r = ArenaRegion {
+            base: 4096,
+            len: 1000,
+        };
         assert_eq!(r.resolve(0, 1000), Ok(4096));
         assert_eq!(r.resolve(999, 1), Ok(4096 + 999));
         assert!(r.resolve(999, 2).is_err());

@@ -9,9 +9,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use nix::sys::socket::{
-    ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr, recvmsg, sendmsg,
-};
+use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr, recvmsg, sendmsg};
 
 /// Most descriptors one message carries.
 pub const MAX_FDS: usize = 8;
@@ -50,7 +48,10 @@ pub fn send_fds(
     let sent = sendmsg::<UnixAddr>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
         .map_err(FdPassError::Send)?;
     if sent != payload.len() {
-        return Err(FdPassError::ShortSend { sent, len: payload.len() });
+        return Err(FdPassError::ShortSend {
+            sent,
+            len: payload.len(),
+        });
     }
     Ok(())
 }
@@ -131,6 +132,9 @@ mod tests {
     fn too_many_fds_refused() {
         let (a, _b) = UnixStream::pair().unwrap();
         let fds: Vec<_> = (0..MAX_FDS + 1).map(|_| a.as_fd()).collect();
-        assert!(matches!(send_fds(&a, b"x", &fds), Err(FdPassError::TooMany(_))));
+        assert!(matches!(
+            send_fds(&a, b"x", &fds),
+            Err(FdPassError::TooMany(_))
+        ));
     }
 }

@@ -26,5 +26,5 @@ pub mod fdpass;
 mod segment;
 mod view;
 
-pub use segment::{Segment, SegmentError, SEALS_REQUIRED};
+pub use segment::{SEALS_REQUIRED, Segment, SegmentError};
 pub use view::{OutOfBounds, ShmView};

@@ -33,7 +33,9 @@ pub enum SegmentError {
     Seal(nix::Error),
     #[error("fstat on the segment fd failed: {0}")]
     Stat(nix::Error),
-    #[error("the segment fd is missing seals {missing:?}; refusing to map memory the peer could truncate")]
+    #[error(
+        "the segment fd is missing seals {missing:?}; refusing to map memory the peer could truncate"
+    )]
     NotSealed { missing: SealFlag },
     #[error("reading the segment's seals failed (not a memfd?): {0}")]
     GetSeals(nix::Error),
@@ -108,7 +110,11 @@ impl Segment {
             )
         }
         .map_err(|source| SegmentError::Map { len, source })?;
-        Ok(Segment { fd, ptr: ptr.cast(), len })
+        Ok(Segment {
+            fd,
+            ptr: ptr.cast(),
+            len,
+        })
     }
 
     /// Length of the mapping in bytes.
@@ -189,6 +195,9 @@ mod tests {
 
     #[test]
     fn zero_length_is_refused() {
-        assert!(matches!(Segment::create(c"z", 0), Err(SegmentError::BadLength(0))));
+        assert!(matches!(
+            Segment::create(c"z", 0),
+            Err(SegmentError::BadLength(0))
+        ));
     }
 }

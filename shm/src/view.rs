@@ -42,7 +42,11 @@ impl<'a> ShmView<'a> {
     /// `ptr..ptr+len` must be mapped, readable and writable memory that
     /// stays mapped for `'a`, and that no Rust reference aliases.
     pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize) -> Self {
-        ShmView { ptr, len, _life: PhantomData }
+        ShmView {
+            ptr,
+            len,
+            _life: PhantomData,
+        }
     }
 
     /// Length of the view in bytes.
@@ -60,7 +64,11 @@ impl<'a> ShmView<'a> {
     pub fn check(&self, off: usize, len: usize) -> Result<(), OutOfBounds> {
         match off.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(OutOfBounds { off: off as u64, len: len as u64, bound: self.len as u64 }),
+            _ => Err(OutOfBounds {
+                off: off as u64,
+                len: len as u64,
+                bound: self.len as u64,
+            }),
         }
     }
 
@@ -121,7 +129,11 @@ impl<'a> ShmView<'a> {
         // SAFETY: in bounds, checked above.
         let p = unsafe { self.ptr.add(off) };
         if !(p.as_ptr() as usize).is_multiple_of(4) {
-            return Err(OutOfBounds { off: off as u64, len: 4, bound: self.len as u64 });
+            return Err(OutOfBounds {
+                off: off as u64,
+                len: 4,
+                bound: self.len as u64,
+            });
         }
         Ok(p.cast())
     }
@@ -215,7 +227,10 @@ mod tests {
             assert!(v.read::<u64>(57).is_err());
             assert!(v.write_from(60, &[0; 5]).is_err());
             assert!(v.subview(10, 60).is_err());
-            assert!(v.atomic_u32(2).is_err(), "misaligned atomic must be refused");
+            assert!(
+                v.atomic_u32(2).is_err(),
+                "misaligned atomic must be refused"
+            );
             assert!(v.atomic_u32(60).is_ok());
             assert!(v.atomic_u32(61).is_err());
         });
