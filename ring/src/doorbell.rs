@@ -62,8 +62,11 @@ impl Doorbell {
     pub fn wait(&self, timeout: Option<Duration>) -> std::io::Result<bool> {
         let t = match timeout {
             None => PollTimeout::NONE,
-            Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32)
-                .unwrap_or(PollTimeout::MAX),
+            // Round up: a sub-millisecond rest must sleep, not busy-poll.
+            Some(d) => {
+                PollTimeout::try_from(d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32)
+                    .unwrap_or(PollTimeout::MAX)
+            }
         };
         let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
         loop {
@@ -115,8 +118,10 @@ impl Default for WaitPolicy {
 /// The result of a wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Waited {
-    /// The condition holds.
+    /// The condition held before we slept (spinning found it).
     Ready,
+    /// The condition holds after sleeping on the doorbell at least once.
+    Woken,
     /// The deadline passed first.
     TimedOut,
 }
@@ -168,19 +173,21 @@ fn wait_with(
             }
         }
     }
+    let mut slept = false;
     loop {
         if prepare()? {
-            return Ok(Waited::Ready);
+            return Ok(if slept { Waited::Woken } else { Waited::Ready });
         }
         let Some(timeout) = remaining(deadline) else {
             end();
             return Ok(Waited::TimedOut);
         };
         let r = bell.wait(timeout);
+        slept = true;
         end();
         r?;
         if check()? {
-            return Ok(Waited::Ready);
+            return Ok(Waited::Woken);
         }
     }
 }

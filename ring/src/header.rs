@@ -82,6 +82,8 @@ pub struct Header {
     pub arena_len: u64,
     pub chunk_off: u64,
     pub chunk_len: u64,
+    /// Zero when written; ignored when read (a later minor version may
+    /// define fields here that older peers can safely ignore).
     pub reserved: [u8; 152],
 }
 
@@ -272,6 +274,14 @@ impl RingLayout {
         let ready = crate::session::shared_word(view, word::READY);
         // SYNC POINT. Acquire: pairs with the Release in `init`.
         if ready.load(crate::sync::Ordering::Acquire) != 1 {
+            // Not ready yet, or not ours at all: a magic that is neither ours
+            // nor still zero says the latter.
+            let found: [u8; 8] = view
+                .read(0)
+                .map_err(|_| AttachError::TooSmall { len: view.len() })?;
+            if found != MAGIC && found != [0; 8] {
+                return Err(AttachError::BadMagic { found });
+            }
             return Err(AttachError::NotReady);
         }
         let h: Header = view
@@ -297,7 +307,7 @@ impl RingLayout {
             chunk_len: h.chunk_len,
         })?;
         let expect = layout.header();
-        let checks: [(&'static str, u64, u64); 11] = [
+        let checks: [(&'static str, u64, u64); 10] = [
             (
                 "control_len",
                 h.control_len as u64,
@@ -312,7 +322,6 @@ impl RingLayout {
             ("buf_off", h.buf_off, expect.buf_off),
             ("arena_off", h.arena_off, expect.arena_off),
             ("chunk_off", h.chunk_off, expect.chunk_off),
-            ("reserved", h.reserved.iter().any(|&b| b != 0) as u64, 0),
         ];
         for (field, found, expected) in checks {
             if found != expected {

@@ -19,6 +19,11 @@
 //! peer input, or know about storage or sockets. Atomics come from
 //! [`sync`], which is loom's under `--cfg loom`.
 
+// Every field is native-endian in shared memory and documented as
+// little-endian; the two agree only on little-endian hosts.
+#[cfg(not(target_endian = "little"))]
+compile_error!("stator-ring's wire format is little-endian");
+
 pub mod bufring;
 pub mod cqe;
 #[cfg(not(loom))]

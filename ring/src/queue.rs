@@ -162,6 +162,11 @@ impl<'a, T, S: Slots<T>> Producer<'a, T, S> {
         Ok(true)
     }
 
+    /// Our private tail: the position of the next entry we write.
+    pub fn position(&self) -> u32 {
+        self.tail
+    }
+
     /// Entries pushed but not yet published.
     pub fn unpublished(&self) -> u32 {
         self.tail.wrapping_sub(self.published)
@@ -298,6 +303,11 @@ impl<'a, T, S: Slots<T>> Consumer<'a, T, S> {
         let v = self.slots.load(self.head);
         self.head = self.head.wrapping_add(1);
         Ok(Some(v))
+    }
+
+    /// Our private head: the position of the next entry we read.
+    pub fn position(&self) -> u32 {
+        self.head
     }
 
     /// Entries popped but not yet released.

@@ -143,7 +143,8 @@ opcodes! {
     Get = 1, f(true, false, false, true);
     /// Value state: write `value`.
     Put = 2, f(true, false, true, false);
-    /// Any state: delete (key, namespace) (value state; for list and map, see `Clear`).
+    /// Value state: delete the value of (key, namespace). (`Clear` removes a
+    /// list or a whole map.)
     Delete = 3, f(true, false, false, false);
     /// List state: append the element `value`.
     ListAppend = 4, f(true, false, true, false);
@@ -170,8 +171,7 @@ opcodes! {
     CheckpointNotify = 14, f(false, false, false, false);
     /// Start a portable snapshot export of checkpoint `arg` into the chunk region.
     SnapshotExport = 15, f(false, false, false, false);
-    /// Import the chunk of index `arg2` found at `value` in the chunk region
-    /// into import `arg`.
+    /// Import the chunk in chunk-region slot `arg2` into import `arg`.
     SnapshotImport = 16, f(false, false, false, false);
     /// Release chunk slot `arg2` of export `arg` back to the daemon.
     ChunkRelease = 17, f(false, false, false, false);
@@ -277,12 +277,15 @@ impl Sqe {
         };
         let key = resolve("key", self.key, fields.keyed)?;
         let namespace = resolve("namespace", self.namespace, fields.keyed)?;
-        let user_key = resolve("user_key", self.user_key, fields.user_key)?;
+        // A map iteration's `user_key` is its resume cursor: set only with
+        // ITER_RESUME.
+        let user_key_used =
+            fields.user_key && (op != Opcode::MapIter || self.flags & sqe_flags::ITER_RESUME != 0);
+        let user_key = resolve("user_key", self.user_key, user_key_used)?;
         let buffer_select = self.flags & sqe_flags::BUFFER_SELECT != 0;
         // `value` is an input, or the explicit result buffer of an output op
-        // without BUFFER_SELECT; SnapshotImport names its chunk through it.
-        let value_used =
-            fields.value_in || (fields.output && !buffer_select) || op == Opcode::SnapshotImport;
+        // without BUFFER_SELECT.
+        let value_used = fields.value_in || (fields.output && !buffer_select);
         let value = resolve("value", self.value, value_used)?;
         if fields.output && !buffer_select && value.len == 0 {
             return Err(SqeError::NoOutput { op });

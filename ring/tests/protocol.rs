@@ -171,7 +171,21 @@ fn attach_checks_header() {
     assert!(corrupt(16, &(1u64 << 40).to_le_bytes()).contains("unsupported feature"));
     assert!(corrupt(32, &100u32.to_le_bytes()).contains("power of two"));
     assert!(corrupt(48, &8192u64.to_le_bytes()).contains("sq_off"));
-    assert!(corrupt(200, &[1]).contains("reserved"));
+    // Reserved header bytes are ignored by readers (minor versions may use them).
+    let seg4 = segment(small());
+    DaemonRing::create(seg4.view(), small()).unwrap();
+    seg4.view().write_from(200, &[1]).unwrap();
+    assert!(ClientRing::attach(seg4.view()).is_ok());
+    // Not a Stator segment at all.
+    let seg5 = segment(small());
+    seg5.view().write_from(0, b"GARBAGE!").unwrap();
+    assert!(
+        ClientRing::attach(seg5.view())
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("bad magic")
+    );
     assert!(corrupt(24, &1u64.to_le_bytes()).contains("segment_len"));
     // A layout larger than the segment.
     let seg3 = segment(small());
