@@ -1,1 +1,37 @@
-fn main() {}
+//! `stator-bench`: Stator's benchmarks, one suite per capability, each run
+//! against its named peer in the same process run. Every suite takes
+//! `--quick` (under a minute) and `--json` (one JSON object per case on
+//! stdout: `suite`, `case`, `ops_per_sec`, and `p50_ns`/`p99_ns`/`p999_ns`
+//! where latency applies). Figures and the commands that produced them are
+//! recorded in `benches/RESULTS.md`.
+
+mod report;
+mod ring;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "stator-bench",
+    about = "Stator benchmarks: each suite against its peer, medians and tails"
+)]
+struct Cli {
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Subcommand)]
+enum Suite {
+    /// Session queues between two processes vs. a Unix-domain socket.
+    Ring(ring::RingArgs),
+    /// Internal: the peer process of the ring suite.
+    #[command(name = "__ring-peer", hide = true)]
+    RingPeer(ring::PeerArgs),
+}
+
+fn main() {
+    match Cli::parse().suite {
+        Suite::Ring(a) => ring::run(a),
+        Suite::RingPeer(a) => ring::peer_main(a),
+    }
+}

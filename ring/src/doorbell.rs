@@ -168,7 +168,7 @@ fn wait_with(
             }
             n = n.wrapping_add(1);
             // Reading the clock costs ~20 ns; check it every 64 rounds.
-            if n % 64 == 0 && start.elapsed() >= policy.spin {
+            if n.is_multiple_of(64) && start.elapsed() >= policy.spin {
                 break;
             }
         }

@@ -38,9 +38,7 @@ pub struct ShmSlots<'a, T> {
 impl<'a, T> ShmSlots<'a, T> {
     /// Slots of `entries` elements starting at `off` of `view`.
     pub fn new(view: &ShmView<'a>, off: usize, entries: u32) -> Result<Self, OutOfBounds> {
-        let len = (entries as usize)
-            .checked_mul(size_of::<T>())
-            .unwrap_or(usize::MAX);
+        let len = (entries as usize).saturating_mul(size_of::<T>());
         let view = view.subview(off, len)?;
         assert!(
             entries.is_power_of_two(),

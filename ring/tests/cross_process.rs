@@ -5,6 +5,8 @@
 //! checked field by field, in order. The client pauses now and then so the
 //! daemon side falls asleep on its doorbell and is woken, repeatedly.
 
+#![cfg(not(loom))]
+
 mod common;
 
 use std::io::{Read, Write};

@@ -9,6 +9,8 @@
 //! SIGSEGV. It must never panic, and must report each bad index or entry as
 //! an error value, which it counts.
 
+#![cfg(not(loom))]
+
 mod common;
 
 use std::ptr::NonNull;

@@ -49,14 +49,18 @@ impl Slots<u64> for CellSlots<'_> {
     }
     fn store(&self, pos: u32, v: &u64) {
         let i = pos as usize & (self.0.len() - 1);
-        // SAFETY (model): loom checks that no other access to this cell is
-        // concurrent; that is the property under test.
-        self.0[i].with_mut(|p| unsafe { *p = *v });
+        self.0[i].with_mut(|p| {
+            // SAFETY: loom checks that no other access to this cell is
+            // concurrent; that is the property under test.
+            unsafe { *p = *v }
+        });
     }
     fn load(&self, pos: u32) -> u64 {
         let i = pos as usize & (self.0.len() - 1);
-        // SAFETY (model): as in `store`.
-        self.0[i].with(|p| unsafe { *p })
+        self.0[i].with(|p| {
+            // SAFETY: as in `store`.
+            unsafe { *p }
+        })
     }
 }
 

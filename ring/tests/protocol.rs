@@ -1,5 +1,7 @@
 //! Layout, validation and single-process queue behaviour of the protocol.
 
+#![cfg(not(loom))]
+
 use std::mem::offset_of;
 
 use stator_ring::bufring::BufEntry;
