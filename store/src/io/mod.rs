@@ -1,0 +1,105 @@
+//! The I/O layer the store runs on, behind one trait so the same engine and
+//! the same tests run against io_uring ([`UringIo`]), plain `pread`/`pwrite`
+//! ([`SyncIo`]) and a fault injector ([`FaultIo`]).
+//!
+//! Shape: operations are submitted with a caller token and complete later;
+//! a buffer handed to an operation is owned by it until its completion is
+//! reaped, which returns the buffer. Reads and writes are full-length: an
+//! implementation continues short transfers itself, so a completion's byte
+//! count is short only for a read that hit end of file.
+
+mod fault;
+mod sync;
+mod uring;
+
+use std::path::Path;
+use std::time::Duration;
+
+pub use fault::{Fault, FaultIo, FaultPlan};
+pub use sync::SyncIo;
+pub use uring::UringIo;
+
+use crate::aligned::AlignedBuf;
+
+/// A file opened through an [`Io`].
+pub type FileId = u32;
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read only.
+    Read,
+    /// Create (fail if it exists), read and write.
+    CreateNew,
+}
+
+/// A finished operation.
+#[derive(Debug)]
+pub struct IoCompletion {
+    pub token: u64,
+    /// The buffer of a read or write, returned to the caller.
+    pub buf: Option<AlignedBuf>,
+    /// Bytes transferred, or an errno.
+    pub result: Result<usize, i32>,
+}
+
+/// Errors of the synchronous calls (open, size, close).
+pub type IoResult<T> = std::io::Result<T>;
+
+/// The store's I/O layer. One instance per store, used from one thread.
+pub trait Io {
+    /// Opens `path`. With `direct`, tries O_DIRECT and falls back to
+    /// buffered I/O where the file system refuses it (see [`Io::is_direct`]).
+    fn open(&mut self, path: &Path, mode: OpenMode) -> IoResult<FileId>;
+    /// Whether `f` was opened with O_DIRECT.
+    fn is_direct(&self, f: FileId) -> bool;
+    /// Current length of `f`.
+    fn file_len(&mut self, f: FileId) -> IoResult<u64>;
+    /// Closes `f`. Operations still in flight on it complete first.
+    fn close(&mut self, f: FileId);
+    /// Reads `buf.len()` bytes at `offset` into `buf`.
+    fn read(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64);
+    /// Writes all of `buf` at `offset`.
+    fn write(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64);
+    /// Makes everything written to `f` durable.
+    fn fsync(&mut self, f: FileId, token: u64);
+    /// Hands queued operations to the kernel (one syscall for a batch).
+    fn submit(&mut self) -> IoResult<()>;
+    /// Moves finished operations to `out` without blocking.
+    fn reap(&mut self, out: &mut Vec<IoCompletion>);
+    /// Blocks until at least one operation finished or `timeout` passed.
+    fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()>;
+    /// Operations submitted and not yet reaped.
+    fn in_flight(&self) -> usize;
+}
+
+/// The errno of an `std::io::Error`, or EIO.
+pub(crate) fn errno_of(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Opens a file with std, trying O_DIRECT first when asked.
+pub(crate) fn open_file(
+    path: &Path,
+    mode: OpenMode,
+    direct: bool,
+) -> IoResult<(std::fs::File, bool)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    if mode == OpenMode::CreateNew {
+        o.write(true).create_new(true);
+    }
+    if direct {
+        let mut od = o.clone();
+        od.custom_flags(libc::O_DIRECT);
+        match od.open(path) {
+            Ok(f) => return Ok((f, true)),
+            // Not every file system takes O_DIRECT (tmpfs refuses with
+            // EINVAL): fall back to buffered I/O, which is always correct.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((o.open(path)?, false))
+}

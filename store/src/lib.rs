@@ -1,0 +1,35 @@
+//! `stator-store`: Stator's storage engine. Keyed state (value, list, map)
+//! in memory and on local disk through io_uring, shaped for one shard
+//! thread: one instance per shard, no locks, no blocking call on the
+//! request path, thousands of operations pending at once.
+//!
+//! - [`Store`]: submit operations with a token; memory answers at once,
+//!   the rest completes through [`Store::poll`]; per-key order holds.
+//! - [`memtable`]: the write buffer (hash-indexed log, batched prefetch).
+//! - [`format`], [`segment`]: immutable sorted files, byte by byte in
+//!   `store/FORMAT.md` (CRC32C per block, block index, bloom filter,
+//!   checksummed footer).
+//! - [`cache`]: the block cache under a byte budget.
+//! - [`io`]: the I/O layer (io_uring, pread/pwrite, fault injection).
+//!
+//! What it must never do: return bytes that failed their checksum, lose a
+//! segment that was completely written, block the caller's thread on disk
+//! I/O in `submit`, or know about queues, sessions or processes.
+//! `unsafe` lives only in `aligned.rs` (aligned buffers), `io/uring.rs`
+//! (handing buffers to the kernel) and the prefetch hint in `memtable.rs`.
+
+pub mod aligned;
+pub mod bloom;
+pub mod cache;
+pub mod error;
+pub mod format;
+pub mod io;
+pub mod keys;
+pub mod memtable;
+pub mod ops;
+pub mod segment;
+mod store;
+
+pub use error::StoreError;
+pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
+pub use store::{MemoryUsage, RecoveryReport, Store, StoreConfig, StoreStats};

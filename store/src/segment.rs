@@ -1,0 +1,308 @@
+//! Segments: immutable sorted files. [`SegmentWriter`] streams records into
+//! 4 KiB-aligned blocks and writes them through the store's [`Io`] in 1 MiB
+//! pieces; [`Segment`] is an open segment's in-memory part (footer, block
+//! index, filter), enough to find the one block that may hold a key.
+
+use std::path::{Path, PathBuf};
+
+use crate::aligned::{ALIGN, AlignedBuf};
+use crate::bloom::{self, Bloom};
+use crate::error::StoreError;
+use crate::format::{self, BlockBuilder, BlockIndex, Footer, Kind, Malformed};
+use crate::io::{FileId, Io, OpenMode};
+
+/// An open segment.
+pub struct Segment {
+    /// Unique within the store (cache key).
+    pub id: u64,
+    pub path: PathBuf,
+    pub file: FileId,
+    pub footer: Footer,
+    pub index: BlockIndex,
+    pub filter: Bloom,
+    pub file_len: u64,
+}
+
+impl Segment {
+    /// Memory held for this segment (index and filter).
+    pub fn memory_bytes(&self) -> usize {
+        self.index.memory_bytes() + self.filter.memory_bytes() + 256
+    }
+
+    /// Whether the segment may hold `key` (key-group range and filter).
+    #[inline]
+    pub fn may_contain(&self, key: &[u8], h: u64) -> bool {
+        let kg = crate::keys::key_group(key);
+        kg >= self.footer.min_kg && kg <= self.footer.max_kg && self.filter.may_contain(h)
+    }
+
+    pub fn order(&self) -> u64 {
+        self.footer.order
+    }
+
+    /// Parses the footer page and meta region read from a file.
+    pub fn from_parts(
+        id: u64,
+        path: PathBuf,
+        file: FileId,
+        file_len: u64,
+        footer_page: &[u8],
+        meta: &[u8],
+        meta_off: u64,
+    ) -> Result<Segment, StoreError> {
+        let bad = |m: Malformed, offset: u64| StoreError::Corrupt {
+            path: path.display().to_string(),
+            offset,
+            what: m.0,
+        };
+        let fpage = format::footer_page(file_len)
+            .ok_or_else(|| bad(Malformed("file length is not a whole number of pages"), 0))?;
+        let footer = Footer::decode(footer_page, file_len).map_err(|m| bad(m, fpage))?;
+        let rel = |off: u64| (off - meta_off) as usize;
+        let filter_bytes = meta
+            .get(rel(footer.filter_off)..rel(footer.filter_off) + footer.filter_len as usize)
+            .ok_or_else(|| {
+                bad(
+                    Malformed("filter outside the meta region"),
+                    footer.filter_off,
+                )
+            })?;
+        let index_bytes = meta
+            .get(rel(footer.index_off)..rel(footer.index_off) + footer.index_len as usize)
+            .ok_or_else(|| bad(Malformed("index outside the meta region"), footer.index_off))?;
+        let mut crc = crc32c::crc32c(filter_bytes);
+        crc = crc32c::crc32c_append(crc, index_bytes);
+        if crc != footer.meta_crc {
+            return Err(bad(
+                Malformed("filter/index checksum mismatch"),
+                footer.filter_off,
+            ));
+        }
+        let filter = Bloom::decode(filter_bytes)
+            .ok_or_else(|| bad(Malformed("filter malformed"), footer.filter_off))?;
+        let index = BlockIndex::decode(index_bytes, footer.data_len)
+            .map_err(|m| bad(m, footer.index_off))?;
+        if index.len() != footer.blocks as usize {
+            return Err(bad(
+                Malformed("block count differs from the index"),
+                footer.index_off,
+            ));
+        }
+        Ok(Segment {
+            id,
+            path,
+            file,
+            footer,
+            index,
+            filter,
+            file_len,
+        })
+    }
+}
+
+/// The file name of a segment.
+pub fn file_name(order: u64, generation: u32) -> String {
+    format!("seg-{order:016x}-{generation:08x}.sst")
+}
+
+/// Parses a segment file name into `(order, generation)`.
+pub fn parse_file_name(name: &str) -> Option<(u64, u32)> {
+    let rest = name.strip_prefix("seg-")?.strip_suffix(".sst")?;
+    let (o, g) = rest.split_once('-')?;
+    Some((
+        u64::from_str_radix(o, 16).ok()?,
+        u32::from_str_radix(g, 16).ok()?,
+    ))
+}
+
+/// Bytes buffered before a write is issued.
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// Streams a segment to disk. Writes complete asynchronously; the owner
+/// routes their completions back with [`SegmentWriter::write_done`].
+pub struct SegmentWriter {
+    pub path: PathBuf,
+    pub file: FileId,
+    offset: u64,
+    buf: AlignedBuf,
+    block: BlockBuilder,
+    scratch: Vec<u8>,
+    index: BlockIndex,
+    hashes: Vec<u64>,
+    records: u64,
+    min_kg: u16,
+    max_kg: u16,
+    footer: Footer,
+    writes_in_flight: usize,
+    /// The first write error; the file is abandoned after it.
+    pub error: Option<StoreError>,
+    finished: bool,
+    token: u64,
+    filter: Option<Bloom>,
+}
+
+impl SegmentWriter {
+    /// Creates the file. `token` tags every write this writer issues.
+    pub fn create<I: Io>(
+        io: &mut I,
+        dir: &Path,
+        order: u64,
+        generation: u32,
+        min_order: u64,
+        token: u64,
+    ) -> Result<SegmentWriter, StoreError> {
+        let path = dir.join(file_name(order, generation));
+        let file = io
+            .open(&path, OpenMode::CreateNew)
+            .map_err(|e| StoreError::io(&path, "create", &e))?;
+        Ok(SegmentWriter {
+            path,
+            file,
+            offset: 0,
+            buf: AlignedBuf::with_capacity(WRITE_CHUNK + 64 * 1024),
+            block: BlockBuilder::default(),
+            scratch: Vec::new(),
+            index: BlockIndex::default(),
+            hashes: Vec::new(),
+            records: 0,
+            min_kg: u16::MAX,
+            max_kg: 0,
+            footer: Footer {
+                order,
+                generation,
+                min_order,
+                ..Footer::default()
+            },
+            writes_in_flight: 0,
+            error: None,
+            finished: false,
+            token,
+            filter: None,
+        })
+    }
+
+    /// Adds a record; keys in strictly ascending order.
+    pub fn add<I: Io>(&mut self, io: &mut I, kind: Kind, key: &[u8], value: &[u8]) {
+        if !self.block.is_empty()
+            && self.block.size_with(key.len(), value.len()) > format::BLOCK_TARGET
+        {
+            self.finish_block(io);
+        }
+        self.block.add(kind, key, value);
+        self.hashes.push(bloom::hash(key));
+        self.records += 1;
+        let kg = crate::keys::key_group(key);
+        self.min_kg = self.min_kg.min(kg);
+        self.max_kg = self.max_kg.max(kg);
+    }
+
+    fn finish_block<I: Io>(&mut self, io: &mut I) {
+        self.scratch.clear();
+        let len = self.block.finish_into(&mut self.scratch);
+        let off = self.offset + self.buf.len() as u64;
+        self.index.push(off, len as u32, self.block.last_key());
+        if self.buf.len() + len > self.buf.capacity() {
+            self.flush_buf(io, len);
+        }
+        self.buf.extend_from_slice(&self.scratch);
+        if self.buf.len() >= WRITE_CHUNK {
+            self.flush_buf(io, 0);
+        }
+    }
+
+    /// Issues a write of the buffered bytes; the next buffer can hold `next`.
+    fn flush_buf<I: Io>(&mut self, io: &mut I, next: usize) {
+        if self.buf.is_empty() {
+            if self.buf.capacity() < next {
+                self.buf = AlignedBuf::with_capacity(next);
+            }
+            return;
+        }
+        let full = std::mem::replace(
+            &mut self.buf,
+            AlignedBuf::with_capacity((WRITE_CHUNK + 64 * 1024).max(next)),
+        );
+        let len = full.len() as u64;
+        if self.error.is_none() {
+            io.write(self.file, self.offset, full, self.token);
+            self.writes_in_flight += 1;
+        }
+        self.offset += len;
+    }
+
+    /// Writes the last block, the filter, the index and the footer.
+    pub fn finish<I: Io>(&mut self, io: &mut I) {
+        if !self.block.is_empty() {
+            self.finish_block(io);
+        }
+        self.flush_buf(io, 0);
+        let data_len = self.offset;
+        let mut filter = Bloom::with_keys(self.hashes.len());
+        for h in &self.hashes {
+            filter.insert(*h);
+        }
+        let mut meta = Vec::new();
+        filter.encode(&mut meta);
+        let filter_len = meta.len() as u64;
+        self.index.encode(&mut meta);
+        let index_len = meta.len() as u64 - filter_len;
+        let meta_crc = crc32c::crc32c(&meta);
+        let meta_pages = meta.len().next_multiple_of(ALIGN);
+        let mut tail = AlignedBuf::with_capacity(meta_pages + ALIGN);
+        tail.extend_from_slice(&meta);
+        tail.pad_to_align();
+        self.footer.records = self.records;
+        self.footer.data_len = data_len;
+        self.footer.filter_off = data_len;
+        self.footer.filter_len = filter_len;
+        self.footer.index_off = data_len + filter_len;
+        self.footer.index_len = index_len;
+        self.footer.min_kg = if self.records == 0 { 0 } else { self.min_kg };
+        self.footer.max_kg = self.max_kg;
+        self.footer.blocks = self.index.len() as u32;
+        self.footer.meta_crc = meta_crc;
+        tail.extend_from_slice(&self.footer.encode());
+        tail.pad_to_align();
+        let len = tail.len() as u64;
+        if self.error.is_none() {
+            io.write(self.file, self.offset, tail, self.token);
+            self.writes_in_flight += 1;
+        }
+        self.offset += len;
+        self.finished = true;
+        self.hashes = Vec::new();
+        self.filter = Some(filter);
+    }
+
+    /// Records the completion of one of this writer's writes.
+    pub fn write_done(&mut self, result: Result<usize, i32>) {
+        self.writes_in_flight -= 1;
+        if let Err(errno) = result {
+            if self.error.is_none() {
+                self.error = Some(StoreError::from_errno(&self.path, "write", errno));
+            }
+        }
+    }
+
+    /// Every byte was handed to the kernel and acknowledged.
+    pub fn all_written(&self) -> bool {
+        self.finished && self.writes_in_flight == 0
+    }
+
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// The open segment this writer produced (after its fsync).
+    pub fn into_segment(mut self, id: u64) -> Segment {
+        Segment {
+            id,
+            path: self.path,
+            file: self.file,
+            footer: self.footer,
+            index: std::mem::take(&mut self.index),
+            filter: self.filter.take().expect("finish() built the filter"),
+            file_len: self.offset,
+        }
+    }
+}

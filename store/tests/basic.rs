@@ -1,0 +1,188 @@
+//! End-to-end behaviour of the store over each I/O layer.
+
+use stator_store::io::{Io, SyncIo, UringIo};
+use stator_store::{IterMode, KeyRef, Op, Output, StateKind, Store, StoreConfig, Submitted};
+
+fn k(kg: u16, key: &[u8]) -> KeyRef<'_> {
+    KeyRef {
+        key_group: kg,
+        state: 1,
+        key,
+        namespace: b"",
+    }
+}
+
+/// Runs an op to completion and returns an owned copy of its output.
+fn run<I: Io>(s: &mut Store<I>, op: Op<'_>) -> Result<Owned, stator_store::StoreError> {
+    match s.submit(1, op)? {
+        Submitted::Ready(o) => Ok(Owned::from(o)),
+        Submitted::Pending => {
+            let mut got = None;
+            while got.is_none() {
+                s.poll(|_, r| got = Some(r.map(Owned::from)));
+                if got.is_none() {
+                    s.wait(Some(std::time::Duration::from_millis(10))).unwrap();
+                }
+            }
+            got.unwrap()
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Owned {
+    Done,
+    Value(Option<Vec<u8>>),
+    Contains(bool),
+    Page(Vec<u8>, u32, Vec<u8>, bool),
+}
+
+impl From<Output<'_>> for Owned {
+    fn from(o: Output<'_>) -> Owned {
+        match o {
+            Output::Done => Owned::Done,
+            Output::Value(v) => Owned::Value(v.map(|v| v.to_vec())),
+            Output::Contains(b) => Owned::Contains(b),
+            Output::Page {
+                data,
+                entries,
+                last_key,
+                more,
+            } => Owned::Page(data.to_vec(), entries, last_key.to_vec(), more),
+        }
+    }
+}
+
+fn exercise<I: Io>(io: I, dir: &std::path::Path) {
+    let mut cfg = StoreConfig::new(dir, 64 << 20);
+    cfg.memtable_bytes = Some(256 << 10);
+    let (mut s, rep) = Store::open(cfg.clone(), io).unwrap();
+    assert_eq!(rep.segments, 0);
+    for i in 0..20_000u32 {
+        let key = i.to_be_bytes();
+        run(&mut s, Op::Put(k((i % 128) as u16, &key), &[i as u8; 100])).unwrap();
+    }
+    s.settle();
+    let st = s.stats();
+    assert!(st.flushes > 5, "{st:?}");
+    for i in (0..20_000u32).step_by(7) {
+        let key = i.to_be_bytes();
+        assert_eq!(
+            run(&mut s, Op::Get(k((i % 128) as u16, &key))).unwrap(),
+            Owned::Value(Some(vec![i as u8; 100])),
+            "key {i}"
+        );
+    }
+    assert_eq!(
+        run(&mut s, Op::Get(k(3, b"nope"))).unwrap(),
+        Owned::Value(None)
+    );
+    // Lists and maps across flushes.
+    let lk = KeyRef {
+        key_group: 9,
+        state: 2,
+        key: b"list",
+        namespace: b"ns",
+    };
+    run(&mut s, Op::ListAppend(lk, b"a")).unwrap();
+    s.flush();
+    s.settle();
+    run(&mut s, Op::ListAppend(lk, b"bb")).unwrap();
+    let mut want = Vec::new();
+    stator_store::ops::encode_element(&mut want, b"a");
+    stator_store::ops::encode_element(&mut want, b"bb");
+    assert_eq!(
+        run(&mut s, Op::ListGet(lk)).unwrap(),
+        Owned::Value(Some(want.clone()))
+    );
+    let mk = KeyRef {
+        key_group: 9,
+        state: 3,
+        key: b"map",
+        namespace: b"",
+    };
+    for u in 0..10u8 {
+        run(&mut s, Op::MapPut(mk, &[u], &[u; 3])).unwrap();
+    }
+    s.flush();
+    s.settle();
+    run(&mut s, Op::MapRemove(mk, &[4])).unwrap();
+    assert_eq!(
+        run(&mut s, Op::MapContains(mk, &[4])).unwrap(),
+        Owned::Contains(false)
+    );
+    assert_eq!(
+        run(&mut s, Op::MapContains(mk, &[5])).unwrap(),
+        Owned::Contains(true)
+    );
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[5])).unwrap(),
+        Owned::Value(Some(vec![5; 3]))
+    );
+    match run(
+        &mut s,
+        Op::MapIter {
+            map: mk,
+            mode: IterMode::Keys,
+            after: Some(&[2]),
+            max_bytes: 1000,
+        },
+    )
+    .unwrap()
+    {
+        Owned::Page(_, n, last, more) => {
+            assert_eq!(n, 6, "3,5,6,7,8,9");
+            assert_eq!(last, vec![9]);
+            assert!(!more);
+        }
+        o => panic!("{o:?}"),
+    }
+    run(&mut s, Op::Clear(mk, StateKind::Map)).unwrap();
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[5])).unwrap(),
+        Owned::Value(None)
+    );
+    run(&mut s, Op::MapPut(mk, &[1], b"new")).unwrap();
+    s.flush();
+    s.settle();
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[5])).unwrap(),
+        Owned::Value(None)
+    );
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[1])).unwrap(),
+        Owned::Value(Some(b"new".to_vec()))
+    );
+    drop(s);
+    // Reopen: everything flushed is there.
+    let (mut s, rep) = Store::open(cfg, SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty(), "{rep:?}");
+    assert_eq!(
+        run(&mut s, Op::Get(k(5, &5u32.to_be_bytes()))).unwrap(),
+        Owned::Value(Some(vec![5; 100]))
+    );
+    assert_eq!(
+        run(&mut s, Op::ListGet(lk)).unwrap(),
+        Owned::Value(Some(want))
+    );
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[1])).unwrap(),
+        Owned::Value(Some(b"new".to_vec()))
+    );
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[2])).unwrap(),
+        Owned::Value(None)
+    );
+}
+
+#[test]
+fn works_over_sync_io() {
+    let d = tempfile::tempdir().unwrap();
+    exercise(SyncIo::new(true), d.path());
+}
+
+#[test]
+fn works_over_io_uring() {
+    let d = tempfile::tempdir().unwrap();
+    exercise(UringIo::new(256, true).unwrap(), d.path());
+}
