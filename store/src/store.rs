@@ -421,7 +421,7 @@ impl<I: Io> Store<I> {
         report.segments = live.len();
         let next_order = live.iter().map(|s| s.footer.order + 1).max().unwrap_or(1);
         let kg_deletes = load_kg_deletes(&cfg.dir)?;
-        let memtable_entries = cfg.memtable_bytes() / 128;
+        let memtable_entries = initial_entries(&cfg);
         let mut store = Store {
             cache: BlockCache::new(cfg.memory_budget / 2),
             active: Memtable::new(memtable_entries),
@@ -479,6 +479,16 @@ impl<I: Io> Store<I> {
             io.close(file);
         }
         r
+    }
+
+    /// The I/O layer (tests inspect a fault injector through it).
+    pub fn io(&self) -> &I {
+        &self.io
+    }
+
+    /// The I/O layer, mutably (tests re-plan faults through it).
+    pub fn io_mut(&mut self) -> &mut I {
+        &mut self.io
     }
 
     /// The configuration.
@@ -663,7 +673,7 @@ impl<I: Io> Store<I> {
     }
 
     fn freeze(&mut self) {
-        let entries = self.cfg.memtable_bytes() / 128;
+        let entries = initial_entries(&self.cfg);
         if self.active.is_empty() {
             return;
         }
@@ -1903,6 +1913,13 @@ impl BlockCache {
     pub(crate) fn peek(&self, seg: u64, block: u32) -> Option<Rc<Block>> {
         self.peek_entry(seg, block)
     }
+}
+
+/// Index slots a new memtable starts with: enough for a small memtable,
+/// capped so an idle session does not hold a large empty table (the index
+/// doubles as it fills).
+fn initial_entries(cfg: &StoreConfig) -> usize {
+    (cfg.memtable_bytes() / 256).min(1 << 16)
 }
 
 fn finish_value(kind: ReadKind, base: Option<&[u8]>, operands: &[Vec<u8>]) -> Resolved {

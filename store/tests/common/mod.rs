@@ -1,0 +1,70 @@
+//! Helpers shared by the store's integration tests.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use stator_store::io::Io;
+use stator_store::{Op, Output, Store, StoreError, Submitted};
+
+/// An output copied out of the store.
+#[derive(Debug, PartialEq, Eq, Clone)]
+pub enum Owned {
+    Done,
+    Value(Option<Vec<u8>>),
+    Contains(bool),
+    Page(Vec<u8>, u32, Vec<u8>, bool),
+}
+
+impl From<Output<'_>> for Owned {
+    fn from(o: Output<'_>) -> Owned {
+        match o {
+            Output::Done => Owned::Done,
+            Output::Value(v) => Owned::Value(v.map(|v| v.to_vec())),
+            Output::Contains(b) => Owned::Contains(b),
+            Output::Page {
+                data,
+                entries,
+                last_key,
+                more,
+            } => Owned::Page(data.to_vec(), entries, last_key.to_vec(), more),
+        }
+    }
+}
+
+/// Runs one op to completion.
+pub fn run<I: Io>(s: &mut Store<I>, op: Op<'_>) -> Result<Owned, StoreError> {
+    match s.submit(u64::MAX, op)? {
+        Submitted::Ready(o) => Ok(Owned::from(o)),
+        Submitted::Pending => {
+            let mut got = None;
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while got.is_none() {
+                s.poll(|_, r| got = Some(r.map(Owned::from)));
+                if got.is_none() {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "a read never completed"
+                    );
+                    s.wait(Some(Duration::from_millis(5))).unwrap();
+                }
+            }
+            got.unwrap()
+        }
+    }
+}
+
+/// Runs background work until nothing is left (retrying failed jobs).
+pub fn settle_fully<I: Io>(s: &mut Store<I>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while s.busy() {
+        s.settle();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "background work never finished: {:?}",
+            s.stats()
+        );
+        if s.busy() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Corruption, torn writes, I/O errors and a full disk: each is a clear
+//! error naming the file (and offset, for data), and nothing flushed
+//! before is lost.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Owned, run, settle_fully};
+use stator_store::io::{Fault, FaultIo, FaultPlan, SyncIo};
+use stator_store::{KeyRef, Op, Store, StoreConfig, StoreError};
+
+fn k(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+fn kr(key: &[u8]) -> KeyRef<'_> {
+    KeyRef {
+        key_group: key[3] as u16 % 16,
+        state: 1,
+        key,
+        namespace: b"",
+    }
+}
+
+fn cfg(dir: &Path) -> StoreConfig {
+    let mut c = StoreConfig::new(dir, 16 << 20);
+    c.memtable_bytes = Some(1 << 30);
+    c.retry_delay = Duration::from_millis(1);
+    c
+}
+
+/// A store with keys `0..n` flushed into one segment; returns its path.
+fn build(dir: &Path, n: u32) -> PathBuf {
+    let (mut s, _) = Store::open(cfg(dir), SyncIo::new(true)).unwrap();
+    for i in 0..n {
+        run(&mut s, Op::Put(kr(&k(i)), &[i as u8; 64])).unwrap();
+    }
+    s.flush();
+    settle_fully(&mut s);
+    segments(dir).pop().unwrap()
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sst"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn flip(path: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_at(&mut b, at).unwrap();
+    b[0] ^= 0x40;
+    f.write_at(&b, at).unwrap();
+}
+
+#[test]
+fn corrupt_data_block_is_an_error_naming_file_and_offset() {
+    let d = tempfile::tempdir().unwrap();
+    let seg = build(d.path(), 2000);
+    // Byte 100 lies in the first data block's records.
+    flip(&seg, 100);
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty());
+    let mut corrupt = 0;
+    let mut ok = 0;
+    for i in 0..2000 {
+        match run(&mut s, Op::Get(kr(&k(i)))) {
+            Ok(Owned::Value(Some(v))) => {
+                assert_eq!(v, vec![i as u8; 64], "wrong data returned for key {i}");
+                ok += 1;
+            }
+            Ok(o) => panic!("key {i}: {o:?}"),
+            Err(StoreError::Corrupt { path, offset, what }) => {
+                assert!(
+                    path.ends_with(seg.file_name().unwrap().to_str().unwrap()),
+                    "{path}"
+                );
+                assert_eq!(offset, 0, "the first block starts at 0");
+                assert!(what.contains("checksum"), "{what}");
+                corrupt += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(
+        corrupt > 0 && corrupt < 100,
+        "one block's keys fail ({corrupt}), the rest read ({ok})"
+    );
+}
+
+#[test]
+fn corrupt_filter_index_or_footer_sets_the_segment_aside() {
+    for (part, offset_of) in [("filter", 0u64), ("index", 1), ("footer", 2)] {
+        let d = tempfile::tempdir().unwrap();
+        let seg = build(d.path(), 2000);
+        let len = std::fs::metadata(&seg).unwrap().len();
+        // Read the footer to locate the regions.
+        let bytes = std::fs::read(&seg).unwrap();
+        let f = &bytes[(len - 4096) as usize..];
+        let filter_off = u64::from_le_bytes(f[56..64].try_into().unwrap());
+        let index_off = u64::from_le_bytes(f[72..80].try_into().unwrap());
+        let at = match offset_of {
+            0 => filter_off + 20,
+            1 => index_off + 6,
+            _ => len - 4096 + 20,
+        };
+        flip(&seg, at);
+        let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+        assert_eq!(rep.torn.len(), 1, "{part}: {rep:?}");
+        assert!(rep.torn[0].0.to_string_lossy().ends_with(".torn"));
+        assert!(
+            rep.torn[0].1.contains("checksum"),
+            "{part}: {}",
+            rep.torn[0].1
+        );
+        // Never returned as data: the segment is not read at all.
+        assert_eq!(run(&mut s, Op::Get(kr(&k(5)))).unwrap(), Owned::Value(None));
+    }
+}
+
+#[test]
+fn torn_segment_is_ignored_and_reported_and_older_ones_survive() {
+    let d = tempfile::tempdir().unwrap();
+    build(d.path(), 500);
+    {
+        let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+        for i in 1000..1500 {
+            run(&mut s, Op::Put(kr(&k(i)), &[1; 64])).unwrap();
+        }
+        s.flush();
+        settle_fully(&mut s);
+    }
+    let segs = segments(d.path());
+    assert_eq!(segs.len(), 2);
+    // The newer segment was cut short by a crash mid-write.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segs[1])
+        .unwrap();
+    f.set_len(8192).unwrap();
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert_eq!(rep.segments, 1);
+    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+    for i in 0..500 {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![i as u8; 64]))
+        );
+    }
+}
+
+#[test]
+fn torn_write_at_a_crash_loses_nothing_flushed_before() {
+    let d = tempfile::tempdir().unwrap();
+    build(d.path(), 500);
+    let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
+    for i in 1000..3000 {
+        run(&mut s, Op::Put(kr(&k(i)), &[2; 64])).unwrap();
+    }
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::TornWriteCrash,
+        sticky: false,
+    }));
+    s.flush();
+    s.settle();
+    assert!(s.io().crashed());
+    let err = s.stats().last_background_error.expect("the flush failed");
+    assert!(err.to_string().contains("I/O error during write"), "{err}");
+    drop(s);
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert_eq!(rep.segments, 1, "{rep:?}");
+    for i in 0..500 {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![i as u8; 64]))
+        );
+    }
+}
+
+#[test]
+fn read_eio_fails_that_read_only() {
+    let d = tempfile::tempdir().unwrap();
+    build(d.path(), 500);
+    let mut c = cfg(d.path());
+    c.memory_budget = 1 << 20;
+    let (mut s, _) = Store::open(c, FaultIo::new(SyncIo::new(true), None)).unwrap();
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::ReadEio,
+        sticky: false,
+    }));
+    let e = run(&mut s, Op::Get(kr(&k(7)))).unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            StoreError::Io {
+                op: "read",
+                errno: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains(".sst"), "names the file: {e}");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(7)))).unwrap(),
+        Owned::Value(Some(vec![7; 64]))
+    );
+}
+
+#[test]
+fn full_disk_fails_the_flush_clearly_and_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
+    for i in 0..3000 {
+        run(&mut s, Op::Put(kr(&k(i)), &[3; 64])).unwrap();
+    }
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::NoSpace,
+        sticky: true,
+    }));
+    s.flush();
+    for _ in 0..20 {
+        s.settle();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let err = s.stats().last_background_error.expect("the flush failed");
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
+    assert!(err.to_string().contains("disk is full"), "{err}");
+    assert!(segments(d.path()).is_empty(), "the failed file was removed");
+    // Still served from memory, and still writable.
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(42)))).unwrap(),
+        Owned::Value(Some(vec![3; 64]))
+    );
+    run(&mut s, Op::Put(kr(&k(5000)), b"after")).unwrap();
+    // Space comes back: the retry lands everything.
+    s.io_mut().set_plan(None);
+    s.flush();
+    settle_fully(&mut s);
+    drop(s);
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    for i in 0..3000 {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![3; 64]))
+        );
+    }
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(5000)))).unwrap(),
+        Owned::Value(Some(b"after".to_vec()))
+    );
+}
+
+/// A real full file system: a 1 MiB tmpfs (needs root to mount; skipped
+/// with a message otherwise). tmpfs refuses O_DIRECT, so this also runs the
+/// buffered fallback.
+#[test]
+fn real_full_tmpfs() {
+    let d = tempfile::tempdir().unwrap();
+    let mnt = d.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP real_full_tmpfs: cannot mount a tmpfs here (not root?)");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(mnt.clone());
+    let (mut s, _) = Store::open(cfg(&mnt), SyncIo::new(true)).unwrap();
+    for i in 0..20_000 {
+        run(&mut s, Op::Put(kr(&k(i)), &[4; 100])).unwrap();
+    }
+    s.flush();
+    for _ in 0..20 {
+        s.settle();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let err = s
+        .stats()
+        .last_background_error
+        .expect("a 1 MiB disk cannot take ~2.5 MB");
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(19_999)))).unwrap(),
+        Owned::Value(Some(vec![4; 100]))
+    );
+    // Grow the file system: the retry succeeds and a reopen finds all.
+    assert!(
+        std::process::Command::new("mount")
+            .args(["-o", "remount,size=64m"])
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    settle_fully(&mut s);
+    drop(s);
+    let (mut s, rep) = Store::open(cfg(&mnt), SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty(), "{rep:?}");
+    for i in (0..20_000).step_by(97) {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![4; 100]))
+        );
+    }
+}
