@@ -7,6 +7,9 @@
 
 mod report;
 mod ring;
+#[cfg(feature = "rocksdb")]
+mod rocks;
+mod store;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +27,8 @@ struct Cli {
 enum Suite {
     /// Session queues between two processes vs. a Unix-domain socket.
     Ring(ring::RingArgs),
+    /// The storage engine vs. hash maps and RocksDB, in memory and larger than memory.
+    Store(store::StoreArgs),
     /// Internal: the peer process of the ring suite.
     #[command(name = "__ring-peer", hide = true)]
     RingPeer(ring::PeerArgs),
@@ -32,6 +37,7 @@ enum Suite {
 fn main() {
     match Cli::parse().suite {
         Suite::Ring(a) => ring::run(a),
+        Suite::Store(a) => store::run(a),
         Suite::RingPeer(a) => ring::peer_main(a),
     }
 }

@@ -1,0 +1,612 @@
+//! `stator-bench store`: the storage engine on one core against its peers
+//! on the same data: std `HashMap` and hashbrown (what Flink's heap backend
+//! is), and RocksDB with Flink's usual settings (cargo feature `rocksdb`).
+//!
+//! Keys are 16 bytes (a key-group prefix and a u64), values 100 bytes in
+//! memory and 256 bytes for the larger-than-memory run; keys are drawn
+//! uniformly at random by a seeded generator, the same for every system.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use slab::Slab;
+use stator_store::io::UringIo;
+use stator_store::{KeyRef, Op, Output, Store, StoreConfig, Submitted};
+
+use crate::report::{Bound, Case, Reporter, histogram};
+
+const SUITE: &str = "store";
+const MAX_PARALLELISM: u64 = 128;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Finish in about a minute (smaller data sets, shorter runs).
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object per case on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Keys of the in-memory workloads (default 5 M; quick 1 M).
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// Keys of the larger-than-memory run (default 20 M x 256 B; quick 2 M).
+    #[arg(long)]
+    pub big_keys: Option<u64>,
+    /// Memory budget of the larger-than-memory run, MiB (default 256; quick 32).
+    #[arg(long)]
+    pub big_budget_mib: Option<u64>,
+    /// Seconds per depth in the larger-than-memory run (default 30; quick 5).
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Skip the larger-than-memory run.
+    #[arg(long)]
+    pub no_big: bool,
+    /// Skip the in-memory run.
+    #[arg(long)]
+    pub no_memory: bool,
+    /// Directory for data files (default: a temporary directory under ./target).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// xorshift64*: fast, seeded, the same sequence for every system.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        ((self.next() as u128 * n as u128) >> 64) as u64
+    }
+}
+
+/// The 16-byte key of item `i`: key group (BE u16), 6 zero bytes, `i` (BE u64).
+fn raw_key(i: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..2].copy_from_slice(&((i % MAX_PARALLELISM) as u16).to_be_bytes());
+    k[8..].copy_from_slice(&i.to_be_bytes());
+    k
+}
+
+/// The same key as Stator takes it: key group, state 1, key bytes `i`.
+fn skey(i: u64, buf: &mut [u8; 8]) -> KeyRef<'_> {
+    *buf = i.to_be_bytes();
+    KeyRef {
+        key_group: (i % MAX_PARALLELISM) as u16,
+        state: 1,
+        key: buf,
+        namespace: b"",
+    }
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for (j, b) in v.iter_mut().enumerate() {
+        *b = (i as usize).wrapping_add(j) as u8;
+    }
+    v
+}
+
+/// A fresh directory for one system's data (removed when dropped).
+pub fn bench_dir(args: &StoreArgs, name: &str) -> tempfile::TempDir {
+    let base = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench-data"));
+    std::fs::create_dir_all(&base).expect("create bench data dir");
+    tempfile::Builder::new()
+        .prefix(name)
+        .tempdir_in(base)
+        .expect("temp dir")
+}
+
+/// Times every 8th operation: an `Instant` pair costs ~40 ns, too much to
+/// pay on every ~100 ns operation, and a 1-in-8 sample keeps the tails.
+const SAMPLE: u64 = 8;
+
+pub fn run(args: StoreArgs) {
+    let q = args.quick;
+    let n = args.keys.unwrap_or(if q { 1_000_000 } else { 5_000_000 });
+    let big_n = args
+        .big_keys
+        .unwrap_or(if q { 2_000_000 } else { 20_000_000 });
+    let big_budget = args.big_budget_mib.unwrap_or(if q { 32 } else { 256 }) << 20;
+    let secs = args.seconds.unwrap_or(if q { 5 } else { 30 });
+    let mut r = Reporter::new(args.json);
+    r.machine(
+        SUITE,
+        json!({"quick": q, "keys": n, "value_bytes": 100, "big_keys": big_n, "big_value_bytes": 256,
+               "big_budget_mib": big_budget >> 20, "seconds_per_depth": secs, "rocksdb": cfg!(feature = "rocksdb"),
+               "io": "io_uring, O_DIRECT", "threads": 1}),
+    );
+    if !args.no_memory {
+        in_memory(&args, &mut r, n);
+    }
+    if !args.no_big {
+        larger_than_memory(&args, &mut r, big_n, big_budget as usize, secs);
+    }
+}
+
+struct Ratios {
+    stator_get: f64,
+    stator_batch_get: f64,
+    stator_put: f64,
+    hashbrown_get: f64,
+    rocks_get: Option<f64>,
+    rocks_put: Option<f64>,
+}
+
+fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
+    let dir = bench_dir(args, "mem-");
+    let mut cfg = StoreConfig::new(dir.path(), (n as usize * 400).max(256 << 20));
+    cfg.memtable_bytes = Some(n as usize * 300);
+    let (mut s, _) =
+        Store::open(cfg, UringIo::new(256, true).expect("io_uring")).expect("open store");
+    let v100: Vec<Vec<u8>> = (0..256).map(|i| value(i, 100)).collect();
+    let mut kb = [0u8; 8];
+    let mut out = [0u8; 256];
+
+    // Load.
+    let t = Instant::now();
+    for i in 0..n {
+        s.submit(0, Op::Put(skey(i, &mut kb), &v100[(i % 256) as usize]))
+            .expect("put");
+    }
+    let c = Case::new(SUITE, "mem_load_stator", n, t.elapsed()).with("keys", n);
+    let stator_put = c.ops_per_sec;
+    r.case(&c);
+
+    // Random gets, one at a time.
+    let mut gets = |s: &mut Store<UringIo>, name: &str, r: &mut Reporter| -> f64 {
+        let mut rng = Rng(42);
+        let mut h = histogram();
+        let mut kb = [0u8; 8];
+        let t = Instant::now();
+        let mut found = 0u64;
+        for op in 0..n {
+            let i = rng.below(n);
+            let t0 = (op % SAMPLE == 0).then(Instant::now);
+            if let Ok(Submitted::Ready(Output::Value(Some(v)))) =
+                s.submit(0, Op::Get(skey(i, &mut kb)))
+            {
+                out[..v.len()].copy_from_slice(v);
+                found += 1;
+            }
+            if let Some(t0) = t0 {
+                h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+            }
+        }
+        assert_eq!(found, n, "every key was loaded");
+        let c = Case::new(SUITE, name, n, t.elapsed())
+            .latency(h)
+            .with("keys", n);
+        r.case(&c);
+        c.ops_per_sec
+    };
+    let stator_get = gets(&mut s, "mem_get_stator", r);
+
+    // Batched gets: the whole batch's memory loads overlap.
+    let mut stator_batch_get = 0.0;
+    for batch in [16usize, 64] {
+        let mut rng = Rng(43);
+        let t = Instant::now();
+        let mut keys: Vec<[u8; 8]> = vec![[0; 8]; batch];
+        let tokens: Vec<u64> = (0..batch as u64).collect();
+        let mut found = 0u64;
+        let mut done = 0;
+        while done < n {
+            let m = batch.min((n - done) as usize);
+            for k in keys.iter_mut().take(m) {
+                *k = rng.below(n).to_be_bytes();
+            }
+            let ops: Vec<Op<'_>> = keys[..m]
+                .iter()
+                .map(|k| {
+                    Op::Get(KeyRef {
+                        key_group: (u64::from_be_bytes(*k) % MAX_PARALLELISM) as u16,
+                        state: 1,
+                        key: k,
+                        namespace: b"",
+                    })
+                })
+                .collect();
+            s.get_batch(&tokens[..m], &ops, |_, res| {
+                if let Ok(Submitted::Ready(Output::Value(Some(v)))) = res {
+                    out[..v.len()].copy_from_slice(v);
+                    found += 1;
+                }
+            });
+            done += m as u64;
+        }
+        assert_eq!(found, n);
+        let c = Case::new(
+            SUITE,
+            format!("mem_get_batch{batch}_stator"),
+            n,
+            t.elapsed(),
+        )
+        .with("batch", batch);
+        stator_batch_get = f64::max(stator_batch_get, c.ops_per_sec);
+        r.case(&c);
+    }
+
+    // 50/50 get/put.
+    {
+        let mut rng = Rng(44);
+        let mut h = histogram();
+        let t = Instant::now();
+        for op in 0..n {
+            let i = rng.below(n);
+            let t0 = (op % SAMPLE == 0).then(Instant::now);
+            if op % 2 == 0 {
+                if let Ok(Submitted::Ready(Output::Value(Some(v)))) =
+                    s.submit(0, Op::Get(skey(i, &mut kb)))
+                {
+                    out[..v.len()].copy_from_slice(v);
+                }
+            } else {
+                s.submit(0, Op::Put(skey(i, &mut kb), &v100[(op % 256) as usize]))
+                    .expect("put");
+            }
+            if let Some(t0) = t0 {
+                h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+            }
+        }
+        r.case(&Case::new(SUITE, "mem_get_put_50_50_stator", n, t.elapsed()).latency(h));
+    }
+    let m = s.memory();
+    r.note(
+        SUITE,
+        "mem_stator_memory_used_mib",
+        m.total() as f64 / (1 << 20) as f64,
+        Bound::AtMost((m.budget >> 20) as f64),
+    );
+    drop(s);
+    drop(dir);
+
+    // Peers: std HashMap and hashbrown, values on the heap as a heap
+    // backend keeps them.
+    let hashbrown_get = map_peer::<hashbrown::HashMap<[u8; 16], Vec<u8>>>(r, n, "hashbrown", &v100);
+    map_peer::<HashMap<[u8; 16], Vec<u8>>>(r, n, "std_hashmap", &v100);
+
+    #[cfg(feature = "rocksdb")]
+    let (rocks_get, rocks_put) = {
+        let (g, p) = crate::rocks::in_memory(args, r, n, &v100);
+        (Some(g), Some(p))
+    };
+    #[cfg(not(feature = "rocksdb"))]
+    let (rocks_get, rocks_put) = (None::<f64>, None::<f64>);
+
+    let x = Ratios {
+        stator_get,
+        stator_batch_get,
+        stator_put,
+        hashbrown_get,
+        rocks_get,
+        rocks_put,
+    };
+    if !r.json {
+        println!("# in-memory ratios and floors");
+    }
+    r.note(
+        SUITE,
+        "mem_get_stator_vs_hashbrown",
+        x.stator_get / x.hashbrown_get,
+        Bound::AtLeast(0.5),
+    );
+    r.note(
+        SUITE,
+        "mem_get_batch_stator_vs_hashbrown",
+        x.stator_batch_get / x.hashbrown_get,
+        Bound::AtLeast(0.5),
+    );
+    match (x.rocks_get, x.rocks_put) {
+        (Some(g), Some(p)) => {
+            r.note(
+                SUITE,
+                "mem_get_stator_vs_rocksdb_get",
+                x.stator_get / g,
+                Bound::AtLeast(5.0),
+            );
+            r.note(
+                SUITE,
+                "mem_put_stator_vs_rocksdb_put",
+                x.stator_put / p,
+                Bound::AtLeast(5.0),
+            );
+        }
+        _ => {
+            if !r.json {
+                println!("  (RocksDB peer not built: rebuild with --features rocksdb, see README)");
+            }
+        }
+    }
+}
+
+/// The operations a hash-map peer needs.
+pub trait MapPeer: Default {
+    fn put(&mut self, k: [u8; 16], v: Vec<u8>);
+    fn get(&self, k: &[u8; 16]) -> Option<&Vec<u8>>;
+}
+
+impl MapPeer for hashbrown::HashMap<[u8; 16], Vec<u8>> {
+    fn put(&mut self, k: [u8; 16], v: Vec<u8>) {
+        self.insert(k, v);
+    }
+    fn get(&self, k: &[u8; 16]) -> Option<&Vec<u8>> {
+        hashbrown::HashMap::get(self, k)
+    }
+}
+
+impl MapPeer for HashMap<[u8; 16], Vec<u8>> {
+    fn put(&mut self, k: [u8; 16], v: Vec<u8>) {
+        self.insert(k, v);
+    }
+    fn get(&self, k: &[u8; 16]) -> Option<&Vec<u8>> {
+        HashMap::get(self, k)
+    }
+}
+
+fn map_peer<M: MapPeer>(r: &mut Reporter, n: u64, name: &str, v100: &[Vec<u8>]) -> f64 {
+    let mut m = M::default();
+    let t = Instant::now();
+    for i in 0..n {
+        m.put(raw_key(i), v100[(i % 256) as usize].clone());
+    }
+    r.case(&Case::new(
+        SUITE,
+        format!("mem_load_{name}"),
+        n,
+        t.elapsed(),
+    ));
+    let mut rng = Rng(42);
+    let mut h = histogram();
+    let mut out = [0u8; 256];
+    let t = Instant::now();
+    let mut found = 0;
+    for op in 0..n {
+        let k = raw_key(rng.below(n));
+        let t0 = (op % SAMPLE == 0).then(Instant::now);
+        if let Some(v) = m.get(&k) {
+            out[..v.len()].copy_from_slice(v);
+            found += 1;
+        }
+        if let Some(t0) = t0 {
+            h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+        }
+    }
+    assert_eq!(found, n);
+    std::hint::black_box(&out);
+    let c = Case::new(SUITE, format!("mem_get_{name}"), n, t.elapsed()).latency(h);
+    r.case(&c);
+    c.ops_per_sec
+}
+
+fn larger_than_memory(args: &StoreArgs, r: &mut Reporter, n: u64, budget: usize, secs: u64) {
+    let dir = bench_dir(args, "big-");
+    let mut cfg = StoreConfig::new(dir.path(), budget);
+    cfg.work_per_poll = 8192;
+    let v256: Vec<Vec<u8>> = (0..256).map(|i| value(i, 256)).collect();
+    let mut kb = [0u8; 8];
+    {
+        let (mut s, _) = Store::open(cfg.clone(), UringIo::new(256, true).expect("io_uring"))
+            .expect("open store");
+        let t = Instant::now();
+        let mut rng = Rng(7);
+        for op in 0..n {
+            // Insert in a random order (a permutation by multiplication
+            // modulo a power of two would do; a random walk is closer to a
+            // stream's arrival order).
+            let i = if op % 2 == 0 { op } else { rng.below(n) };
+            s.submit(0, Op::Put(skey(i, &mut kb), &v256[(i % 256) as usize]))
+                .expect("put");
+            if op % 4096 == 0 {
+                s.poll(|_, _| {});
+            }
+        }
+        // Keys skipped by the random half are written now, so all exist.
+        for i in (1..n).step_by(2) {
+            s.submit(0, Op::Put(skey(i, &mut kb), &v256[(i % 256) as usize]))
+                .expect("put");
+            if i % 4096 == 1 {
+                s.poll(|_, _| {});
+            }
+        }
+        s.flush();
+        s.settle();
+        let st = s.stats();
+        let c = Case::new(SUITE, "big_load_stator", n + n / 2, t.elapsed())
+            .with("segments", st.segments)
+            .with("segment_bytes", st.segment_bytes)
+            .with("flushes", st.flushes)
+            .with("compactions", st.compactions);
+        r.case(&c);
+    }
+    // Reopen cold: the page cache is bypassed (O_DIRECT) and the block
+    // cache starts empty.
+    let (mut s, _) = Store::open(cfg, UringIo::new(1024, true).expect("io_uring")).expect("reopen");
+    let mut stator_d32 = 0.0;
+    for depth in [1usize, 32, 256] {
+        let c = stator_depth(&mut s, n, depth, Duration::from_secs(secs));
+        if depth == 32 {
+            stator_d32 = c.ops_per_sec;
+        }
+        r.case(&c);
+    }
+    let m = s.memory();
+    r.note(
+        SUITE,
+        "big_stator_memory_used_mib",
+        m.total() as f64 / (1 << 20) as f64,
+        Bound::AtMost((budget >> 20) as f64),
+    );
+    let seg_bytes = s.stats().segment_bytes;
+    drop(s);
+
+    // fio on the same file system, same depth, 4 KiB random O_DIRECT reads.
+    let fio32 = fio(
+        r,
+        dir.path(),
+        seg_bytes.clamp(256 << 20, 4 << 30),
+        &[1, 32, 256],
+        secs.min(10),
+    );
+    if let Some(f) = fio32 {
+        r.note(
+            SUITE,
+            "big_get_depth32_stator_vs_fio_iops",
+            stator_d32 / f,
+            Bound::AtLeast(0.8),
+        );
+    }
+    drop(dir);
+
+    #[cfg(feature = "rocksdb")]
+    {
+        let (get1, mget32) = crate::rocks::larger_than_memory(args, r, n, budget, secs, &v256);
+        r.note(
+            SUITE,
+            "big_get_depth32_stator_vs_rocksdb_get",
+            stator_d32 / get1,
+            Bound::AtLeast(3.0),
+        );
+        r.note(
+            SUITE,
+            "big_get_depth32_stator_vs_rocksdb_multi_get",
+            stator_d32 / mget32,
+            Bound::AtLeast(1.0),
+        );
+    }
+    #[cfg(not(feature = "rocksdb"))]
+    if !r.json {
+        println!("  (RocksDB peer not built: rebuild with --features rocksdb, see README)");
+    }
+}
+
+/// Uniform random gets with `depth` in flight for `dur`.
+fn stator_depth(s: &mut Store<UringIo>, n: u64, depth: usize, dur: Duration) -> Case {
+    let mut rng = Rng(99 + depth as u64);
+    let mut h = histogram();
+    let mut started: Slab<Instant> = Slab::with_capacity(depth);
+    let mut kb = [0u8; 8];
+    let mut done = 0u64;
+    let mut missing = 0u64;
+    let mut errors = 0u64;
+    let t = Instant::now();
+    let end = t + dur;
+    while Instant::now() < end {
+        while started.len() < depth {
+            let i = rng.below(n);
+            let now = Instant::now();
+            let slot = started.insert(now);
+            match s.submit(slot as u64, Op::Get(skey(i, &mut kb))) {
+                Ok(Submitted::Ready(o)) => {
+                    started.remove(slot);
+                    h.record(now.elapsed().as_nanos().max(1) as u64)
+                        .expect("in range");
+                    done += 1;
+                    missing += matches!(o, Output::Value(None)) as u64;
+                }
+                Ok(Submitted::Pending) => {}
+                Err(_) => {
+                    started.remove(slot);
+                    errors += 1;
+                }
+            }
+        }
+        let got = s.poll(|tok, res| {
+            let t0 = started.remove(tok as usize);
+            h.record(t0.elapsed().as_nanos().max(1) as u64)
+                .expect("in range");
+            match res {
+                Ok(Output::Value(None)) => missing += 1,
+                Ok(_) => {}
+                Err(_) => errors += 1,
+            }
+        });
+        done += got as u64;
+        if got == 0 && started.len() >= depth {
+            let _ = s.wait(Some(Duration::from_millis(1)));
+        }
+    }
+    // Drain what is still in flight (not counted).
+    s.drain(false, |tok, _| {
+        started.remove(tok as usize);
+    });
+    assert_eq!(errors, 0, "reads failed");
+    assert_eq!(missing, 0, "loaded keys not found");
+    let st = s.stats();
+    let hit = st.cache_hits as f64 / (st.cache_hits + st.cache_misses).max(1) as f64;
+    Case::new(
+        SUITE,
+        format!("big_get_depth{depth}_stator"),
+        done,
+        t.elapsed(),
+    )
+    .latency(h)
+    .with("in_flight", depth)
+    .with("cache_hit_ratio", (hit * 1000.0).round() / 1000.0)
+}
+
+/// Runs fio's 4 KiB random-read IOPS at each depth; returns depth 32's.
+fn fio(r: &mut Reporter, dir: &Path, size: u64, depths: &[usize], secs: u64) -> Option<f64> {
+    if std::process::Command::new("fio")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        if !r.json {
+            println!("  (fio not installed: apt-get install fio)");
+        }
+        return None;
+    }
+    let file = dir.join("fio.dat");
+    let mut at32 = None;
+    for &d in depths {
+        let out = std::process::Command::new("fio")
+            .args([
+                "--name=randread",
+                "--rw=randread",
+                "--bs=4k",
+                "--direct=1",
+                "--ioengine=io_uring",
+                "--time_based",
+                "--output-format=json",
+            ])
+            .arg(format!("--filename={}", file.display()))
+            .arg(format!("--size={size}"))
+            .arg(format!("--iodepth={d}"))
+            .arg(format!("--runtime={secs}"))
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let read = &v["jobs"][0]["read"];
+        let iops = read["iops"].as_f64()?;
+        let mut c = Case {
+            suite: SUITE,
+            case: format!("big_fio_randread_4k_depth{d}"),
+            ops_per_sec: iops,
+            latency_ns: None,
+            extra: Default::default(),
+        };
+        c = c.with("in_flight", d).with("file_bytes", size);
+        if let Some(p) = read["clat_ns"]["percentile"].as_object() {
+            c = c
+                .with("p50_ns", p.get("50.000000").cloned().unwrap_or_default())
+                .with("p99_ns", p.get("99.000000").cloned().unwrap_or_default())
+                .with("p999_ns", p.get("99.900000").cloned().unwrap_or_default());
+        }
+        r.case(&c);
+        if d == 32 {
+            at32 = Some(iops);
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    at32
+}
