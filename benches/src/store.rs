@@ -144,7 +144,7 @@ struct Ratios {
 
 fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
     let dir = bench_dir(args, "mem-");
-    let mut cfg = StoreConfig::new(dir.path(), (n as usize * 400).max(256 << 20));
+    let mut cfg = StoreConfig::new(dir.path(), (n as usize * 700).max(256 << 20));
     cfg.memtable_bytes = Some(n as usize * 300);
     let (mut s, _) =
         Store::open(cfg, UringIo::new(256, true).expect("io_uring")).expect("open store");

@@ -45,7 +45,7 @@ impl Bloom {
     fn positions(&self, h: u64) -> (usize, u32, u32) {
         let block = (((h >> 32) * self.blocks()) >> 32) as usize * 8;
         let h1 = h as u32;
-        let delta = (h1 >> 17) | (h1 << 15) | 1;
+        let delta = h1.rotate_left(15) | 1;
         (block, h1, delta)
     }
 

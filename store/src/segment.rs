@@ -277,10 +277,10 @@ impl SegmentWriter {
     /// Records the completion of one of this writer's writes.
     pub fn write_done(&mut self, result: Result<usize, i32>) {
         self.writes_in_flight -= 1;
-        if let Err(errno) = result {
-            if self.error.is_none() {
-                self.error = Some(StoreError::from_errno(&self.path, "write", errno));
-            }
+        if let Err(errno) = result
+            && self.error.is_none()
+        {
+            self.error = Some(StoreError::from_errno(&self.path, "write", errno));
         }
     }
 

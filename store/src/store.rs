@@ -52,6 +52,9 @@ pub struct StoreConfig {
     pub work_per_poll: usize,
     /// After a failed flush or compaction, wait this long before retrying.
     pub retry_delay: Duration,
+    /// An upper bound on the block cache (it otherwise takes whatever the
+    /// budget leaves after memtables, indexes and filters).
+    pub block_cache_max: Option<usize>,
 }
 
 impl StoreConfig {
@@ -64,6 +67,7 @@ impl StoreConfig {
             compaction_trigger: 4,
             work_per_poll: 2048,
             retry_delay: Duration::from_millis(500),
+            block_cache_max: None,
         }
     }
 
@@ -357,6 +361,11 @@ impl<I: Io> Store<I> {
     /// Opens (or creates) the store in `cfg.dir`, recovering every segment
     /// that was completely written and setting aside torn ones.
     pub fn open(cfg: StoreConfig, mut io: I) -> Result<(Store<I>, RecoveryReport), StoreError> {
+        if cfg.memtable_bytes() > cfg.memory_budget / 2 {
+            return Err(StoreError::Invalid(
+                "memtable_bytes must be at most half the memory budget: the active memtable and the one being flushed share it",
+            ));
+        }
         let dir_err = |msg: String| StoreError::Dir {
             path: cfg.dir.display().to_string(),
             msg,
@@ -541,8 +550,9 @@ impl<I: Io> Store<I> {
     fn rebalance_cache(&mut self) {
         let m = self.memory();
         let others = m.memtables + m.indexes_and_filters;
+        let left = self.cfg.memory_budget.saturating_sub(others);
         self.cache
-            .set_budget(self.cfg.memory_budget.saturating_sub(others));
+            .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
     }
 
     fn masked(&self, seg: &Segment, key: &[u8]) -> bool {
@@ -659,10 +669,10 @@ impl<I: Io> Store<I> {
             .unwrap_or(u64::MAX);
         let before = self.kg_deletes.len();
         self.kg_deletes.retain(|d| d.max_order >= oldest);
-        if self.kg_deletes.len() != before {
-            if let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes) {
-                self.stats.last_background_error = Some(e);
-            }
+        if self.kg_deletes.len() != before
+            && let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes)
+        {
+            self.stats.last_background_error = Some(e);
         }
     }
 
@@ -955,12 +965,11 @@ impl<I: Io> Store<I> {
                     }
                 }
             }
-            if base_len > 0 {
-                if let Some(r) = mem.lookup(&key[..base_len], hb) {
-                    if r.kind == Kind::Clear {
-                        return Some(Immediate::Resolved(finish_value(kind, None, operands)));
-                    }
-                }
+            if base_len > 0
+                && let Some(r) = mem.lookup(&key[..base_len], hb)
+                && r.kind == Kind::Clear
+            {
+                return Some(Immediate::Resolved(finish_value(kind, None, operands)));
             }
         }
         None
@@ -1138,8 +1147,7 @@ impl<I: Io> Store<I> {
                 masked = true;
                 break;
             }
-            let mut n = 0;
-            for k in m.map_range(&base, Some(&start)) {
+            for (n, k) in m.map_range(&base, Some(&start)).enumerate() {
                 if n == ITER_LAYER_CAP {
                     let cap = k.to_vec();
                     if mem_capped_at.as_ref().is_none_or(|c| cap < *c) {
@@ -1147,7 +1155,6 @@ impl<I: Io> Store<I> {
                     }
                     break;
                 }
-                n += 1;
                 let rec = m.lookup(k, bloom::hash(k)).expect("map keys are indexed");
                 let v = (rec.kind == Kind::Put).then(|| rec.value.to_vec());
                 mem.entry(k.to_vec()).or_insert(v);
@@ -1199,20 +1206,20 @@ impl<I: Io> Store<I> {
             let mut layer: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
             let mut cleared = false;
             // The clear marker, at the base key.
-            if seg.may_contain(&it.base, bloom::hash(&it.base)) {
-                if let Some(bi) = seg.index.find(&it.base) {
-                    match self.block_for(&it.pinned, seg, bi) {
-                        None => {
-                            need = Some((seg.clone(), bi as u32));
-                            break 'layers;
-                        }
-                        Some(b) => {
-                            if b.view()
-                                .find(&it.base)
-                                .is_some_and(|r| r.kind == Kind::Clear)
-                            {
-                                cleared = true;
-                            }
+            if seg.may_contain(&it.base, bloom::hash(&it.base))
+                && let Some(bi) = seg.index.find(&it.base)
+            {
+                match self.block_for(&it.pinned, seg, bi) {
+                    None => {
+                        need = Some((seg.clone(), bi as u32));
+                        break 'layers;
+                    }
+                    Some(b) => {
+                        if b.view()
+                            .find(&it.base)
+                            .is_some_and(|r| r.kind == Kind::Clear)
+                        {
+                            cleared = true;
                         }
                     }
                 }
@@ -1507,11 +1514,10 @@ impl<I: Io> Store<I> {
         for _ in 0..work {
             let mut best: Option<usize> = None;
             for (r, run) in j.runs.iter().enumerate() {
-                if let Some(&a) = run.get(j.cursors[r]) {
-                    if best.is_none_or(|b| j.mem.key_of(a) < j.mem.key_of(j.runs[b][j.cursors[b]]))
-                    {
-                        best = Some(r);
-                    }
+                if let Some(&a) = run.get(j.cursors[r])
+                    && best.is_none_or(|b| j.mem.key_of(a) < j.mem.key_of(j.runs[b][j.cursors[b]]))
+                {
+                    best = Some(r);
                 }
             }
             let Some(r) = best else {
@@ -1801,10 +1807,12 @@ impl<I: Io> Store<I> {
                 {
                     continue;
                 }
-                if let Some((cb, cr)) = &j.clear {
-                    if key.starts_with(cb) && key.len() > cb.len() && rank > *cr {
-                        continue;
-                    }
+                if let Some((cb, cr)) = &j.clear
+                    && key.starts_with(cb)
+                    && key.len() > cb.len()
+                    && rank > *cr
+                {
+                    continue;
                 }
                 match rec.kind {
                     Kind::Put => {

@@ -25,7 +25,8 @@ fn kr(key: &[u8]) -> KeyRef<'_> {
 }
 
 fn cfg(dir: &Path) -> StoreConfig {
-    let mut c = StoreConfig::new(dir, 16 << 20);
+    let mut c = StoreConfig::new(dir, 2 << 30);
+    c.block_cache_max = Some(1 << 20);
     c.memtable_bytes = Some(1 << 30);
     c.retry_delay = Duration::from_millis(1);
     c
@@ -195,7 +196,7 @@ fn read_eio_fails_that_read_only() {
     let d = tempfile::tempdir().unwrap();
     build(d.path(), 500);
     let mut c = cfg(d.path());
-    c.memory_budget = 1 << 20;
+    c.block_cache_max = Some(0);
     let (mut s, _) = Store::open(c, FaultIo::new(SyncIo::new(true), None)).unwrap();
     s.io_mut().set_plan(Some(FaultPlan {
         after: 0,

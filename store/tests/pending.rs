@@ -21,7 +21,8 @@ fn kr(key: &[u8]) -> KeyRef<'_> {
 #[test]
 fn ten_thousand_pending_gets_keep_per_key_order() {
     let d = tempfile::tempdir().unwrap();
-    let mut cfg = StoreConfig::new(d.path(), 2 << 20);
+    let mut cfg = StoreConfig::new(d.path(), 2 << 30);
+    cfg.block_cache_max = Some(2 << 20);
     cfg.memtable_bytes = Some(1 << 30);
     let n_keys = 50_000u64;
     {

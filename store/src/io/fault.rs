@@ -223,11 +223,11 @@ impl<I: Io> Io for FaultIo<I> {
             if let Some(p) = self.flip_tokens.iter().position(|&x| x == t) {
                 self.flip_tokens.swap_remove(p);
                 let result = out[i].result;
-                if let (Some(b), Ok(n)) = (out[i].buf.as_mut(), result) {
-                    if n > 0 {
-                        let at = n / 2;
-                        b[at] ^= 0x10;
-                    }
+                if let (Some(b), Ok(n)) = (out[i].buf.as_mut(), result)
+                    && n > 0
+                {
+                    let at = n / 2;
+                    b[at] ^= 0x10;
                 }
             }
             i += 1;

@@ -130,10 +130,10 @@ impl Io for SyncIo {
 
     fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()> {
         // Everything completes at submission; nothing to wait for but time.
-        if self.done.is_empty() {
-            if let Some(t) = timeout {
-                std::thread::sleep(t.min(Duration::from_millis(1)));
-            }
+        if self.done.is_empty()
+            && let Some(t) = timeout
+        {
+            std::thread::sleep(t.min(Duration::from_millis(1)));
         }
         Ok(())
     }
