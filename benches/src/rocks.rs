@@ -122,6 +122,25 @@ pub fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64, v100: &[Vec<u8>]) -
         done,
         t.elapsed(),
     ));
+    // 50/50 get/put, the same sequence as Stator's.
+    let mut rng = Rng(44);
+    let mut h = histogram();
+    let t = Instant::now();
+    for op in 0..n {
+        let k = key(rng.below(n));
+        let t0 = (op % 8 == 0).then(Instant::now);
+        if op % 2 == 0 {
+            if let Some(v) = db.get_pinned(k).expect("get") {
+                out[..v.len()].copy_from_slice(&v);
+            }
+        } else {
+            db.put_opt(k, &v100[(op % 256) as usize], &w).expect("put");
+        }
+        if let Some(t0) = t0 {
+            h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+        }
+    }
+    r.case(&Case::new(SUITE, "mem_get_put_50_50_rocksdb", n, t.elapsed()).latency(h));
     (get, put)
 }
 

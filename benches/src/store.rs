@@ -385,6 +385,26 @@ fn map_peer<M: MapPeer>(r: &mut Reporter, n: u64, name: &str, v100: &[Vec<u8>]) 
     std::hint::black_box(&out);
     let c = Case::new(SUITE, format!("mem_get_{name}"), n, t.elapsed()).latency(h);
     r.case(&c);
+    // 50/50 get/put, the same sequence as Stator's.
+    let mut rng = Rng(44);
+    let mut h = histogram();
+    let t = Instant::now();
+    for op in 0..n {
+        let k = raw_key(rng.below(n));
+        let t0 = (op % SAMPLE == 0).then(Instant::now);
+        if op % 2 == 0 {
+            if let Some(v) = m.get(&k) {
+                out[..v.len()].copy_from_slice(v);
+            }
+        } else {
+            m.put(k, v100[(op % 256) as usize].clone());
+        }
+        if let Some(t0) = t0 {
+            h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+        }
+    }
+    std::hint::black_box(&out);
+    r.case(&Case::new(SUITE, format!("mem_get_put_50_50_{name}"), n, t.elapsed()).latency(h));
     c.ops_per_sec
 }
 
