@@ -17,6 +17,10 @@ pub const FOOTER_MAGIC: [u8; 8] = *b"STATSEG1";
 pub const FORMAT_VERSION: u32 = 1;
 /// Bytes of a footer (inside the last 4 KiB page of a file).
 pub const FOOTER_LEN: usize = 128;
+/// The footer's `what` for a file written by another format version: not
+/// corruption, and not to be set aside (a newer binary can read it).
+pub const UNSUPPORTED_VERSION: &str = "unsupported segment format version";
+
 /// Target payload per data block before padding.
 pub const BLOCK_TARGET: usize = 4096 - 16;
 
@@ -439,7 +443,7 @@ impl Footer {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4"));
         let version = u32_at(8);
         if version != FORMAT_VERSION {
-            return Err(Malformed("unsupported segment format version"));
+            return Err(Malformed(UNSUPPORTED_VERSION));
         }
         let f = Footer {
             order: u64_at(16),
@@ -460,8 +464,20 @@ impl Footer {
             .index_off
             .checked_add(f.index_len)
             .ok_or(Malformed("meta overflows"))?;
+        let filter_end = f
+            .filter_off
+            .checked_add(f.filter_len)
+            .ok_or(Malformed("filter overflows"))?;
+        if b[12..16] != [0; 4]
+            || b[28..32] != [0; 4]
+            || b[92..96] != [0; 4]
+            || b[100..104] != [0; 4]
+            || b[108..124] != [0; 16]
+        {
+            return Err(Malformed("reserved footer bytes are not zero"));
+        }
         if f.filter_off != f.data_len
-            || f.index_off != f.filter_off + f.filter_len
+            || f.index_off != filter_end
             || meta_end.next_multiple_of(ALIGN as u64) + ALIGN as u64 != file_len
             || f.min_order > f.order
         {

@@ -109,6 +109,15 @@ pub fn file_name(order: u64, generation: u32) -> String {
 pub fn parse_file_name(name: &str) -> Option<(u64, u32)> {
     let rest = name.strip_prefix("seg-")?.strip_suffix(".sst")?;
     let (o, g) = rest.split_once('-')?;
+    // Only the canonical form: 16 and 8 lowercase hex digits.
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    };
+    if !hex(o, 16) || !hex(g, 8) {
+        return None;
+    }
     Some((
         u64::from_str_radix(o, 16).ok()?,
         u32::from_str_radix(g, 16).ok()?,
@@ -139,6 +148,7 @@ pub struct SegmentWriter {
     finished: bool,
     token: u64,
     filter: Option<Bloom>,
+    footer_page: Option<(u64, AlignedBuf)>,
 }
 
 impl SegmentWriter {
@@ -178,6 +188,7 @@ impl SegmentWriter {
             finished: false,
             token,
             filter: None,
+            footer_page: None,
         })
     }
 
@@ -248,7 +259,7 @@ impl SegmentWriter {
         let index_len = meta.len() as u64 - filter_len;
         let meta_crc = crc32c::crc32c(&meta);
         let meta_pages = meta.len().next_multiple_of(ALIGN);
-        let mut tail = AlignedBuf::with_capacity(meta_pages + ALIGN);
+        let mut tail = AlignedBuf::with_capacity(meta_pages);
         tail.extend_from_slice(&meta);
         tail.pad_to_align();
         self.footer.records = self.records;
@@ -261,17 +272,38 @@ impl SegmentWriter {
         self.footer.max_kg = self.max_kg;
         self.footer.blocks = self.index.len() as u32;
         self.footer.meta_crc = meta_crc;
-        tail.extend_from_slice(&self.footer.encode());
-        tail.pad_to_align();
         let len = tail.len() as u64;
         if self.error.is_none() {
             io.write(self.file, self.offset, tail, self.token);
             self.writes_in_flight += 1;
         }
         self.offset += len;
+        // The footer is written only after everything before it is durable
+        // (see `write_footer`): a valid footer then proves a whole file,
+        // even if the device reorders writes at a power loss.
+        let mut page = AlignedBuf::with_capacity(ALIGN);
+        page.extend_from_slice(&self.footer.encode());
+        page.pad_to_align();
+        self.footer_page = Some((self.offset, page));
+        self.offset += ALIGN as u64;
         self.finished = true;
         self.hashes = Vec::new();
         self.filter = Some(filter);
+    }
+
+    /// Call after the first fsync (data, filter and index durable): writes
+    /// the footer page and returns true, so the caller fsyncs once more.
+    /// Returns false when the footer was already written (the file is
+    /// complete after that second fsync).
+    pub fn write_footer<I: Io>(&mut self, io: &mut I) -> bool {
+        let Some((off, page)) = self.footer_page.take() else {
+            return false;
+        };
+        if self.error.is_none() {
+            io.write(self.file, off, page, self.token);
+            self.writes_in_flight += 1;
+        }
+        true
     }
 
     /// Records the completion of one of this writer's writes.

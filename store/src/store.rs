@@ -125,6 +125,7 @@ const TAG_COMPACT_WRITE: u64 = 4;
 const TAG_COMPACT_SYNC: u64 = 5;
 const TAG_COMPACT_READ: u64 = 6;
 const TAG_OPEN: u64 = 7;
+const TAG_DIR_SYNC: u64 = 8;
 
 fn tag(t: u64, v: u64) -> u64 {
     (t << TAG_SHIFT) | v
@@ -175,8 +176,6 @@ struct PendingIter {
     /// Memtable layers' entries (newest wins), captured at submission.
     mem: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     mem_capped_at: Option<Vec<u8>>,
-    /// A memtable layer cleared the map: segments do not count.
-    mem_cleared: bool,
     layers: Vec<Rc<Segment>>,
     pinned: HashMap<(u64, u32), Rc<Block>>,
 }
@@ -267,6 +266,11 @@ pub struct Store<I: Io> {
     /// Newest first.
     segments: Vec<Rc<Segment>>,
     retired: Vec<Rc<Segment>>,
+    /// Compaction inputs whose files may be deleted once the directory
+    /// entry of the compaction's output is durable (a directory fsync).
+    awaiting_dir_sync: Vec<Rc<Segment>>,
+    dir_sync_in_flight: bool,
+    dir_file: Option<crate::io::FileId>,
     cache: BlockCache,
     reads: Slab<PendingRead>,
     iters: Slab<PendingIter>,
@@ -389,8 +393,21 @@ impl<I: Io> Store<I> {
                     next_id += 1;
                     segs.push(s);
                 }
+                // Corruption or a torn write: set the file aside (never
+                // overwriting an earlier one) and report it. Anything else
+                // (a newer format version, EMFILE, EACCES...) stops the open:
+                // the file may be fine, and guessing would lose it.
                 Err(e) => {
-                    let torn = path.with_extension("torn");
+                    let torn_like = matches!(&e, StoreError::Corrupt { what, .. } if *what != format::UNSUPPORTED_VERSION);
+                    if !torn_like {
+                        return Err(e);
+                    }
+                    let mut torn = path.with_extension("torn");
+                    let mut n = 1;
+                    while torn.exists() {
+                        torn = path.with_extension(format!("torn.{n}"));
+                        n += 1;
+                    }
                     let _ = std::fs::rename(&path, &torn);
                     report.torn.push((torn, e.to_string()));
                 }
@@ -424,12 +441,27 @@ impl<I: Io> Store<I> {
                 let _ = std::fs::remove_file(&s.path);
             }
         }
+        if !report.torn.is_empty() || !report.superseded.is_empty() {
+            // Make the renames and deletes durable before anything new.
+            std::fs::File::open(&cfg.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| dir_err(e.to_string()))?;
+        }
         live.sort_by(|a, b| {
             (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
         });
         report.segments = live.len();
         let next_order = live.iter().map(|s| s.footer.order + 1).max().unwrap_or(1);
         let kg_deletes = load_kg_deletes(&cfg.dir)?;
+        // New layers must be newer than every recorded key-group delete,
+        // even if the layers it was recorded against were never flushed.
+        let next_order = next_order.max(
+            kg_deletes
+                .iter()
+                .map(|d| d.max_order + 1)
+                .max()
+                .unwrap_or(0),
+        );
         let memtable_entries = initial_entries(&cfg);
         let mut store = Store {
             cache: BlockCache::new(cfg.memory_budget / 2),
@@ -439,6 +471,9 @@ impl<I: Io> Store<I> {
             frozen: Vec::new(),
             segments: live,
             retired: Vec::new(),
+            awaiting_dir_sync: Vec::new(),
+            dir_sync_in_flight: false,
+            dir_file: None,
             reads: Slab::new(),
             iters: Slab::new(),
             fetches: Slab::new(),
@@ -543,6 +578,7 @@ impl<I: Io> Store<I> {
             || self.compact.is_some()
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
+            || !self.awaiting_dir_sync.is_empty()
     }
 
     /// The cache gets whatever the budget leaves after memtables and
@@ -649,12 +685,18 @@ impl<I: Io> Store<I> {
     }
 
     fn delete_key_groups(&mut self, lo: u16, hi: u16) -> Result<(), StoreError> {
-        // The active memtable drops its records; every older layer (frozen
-        // memtables and segments, which already have orders) is masked.
-        self.active.delete_key_groups(lo, hi);
+        // Every older layer (frozen memtables and segments, which already
+        // have orders) is masked; the mask is durable before anything
+        // changes, so a failure leaves the store as it was. Then the active
+        // memtable drops its records.
         let max_order = self.next_order - 1;
         self.kg_deletes.push(KgDelete { lo, hi, max_order });
-        save_kg_deletes(&self.cfg.dir, &self.kg_deletes)
+        if let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes) {
+            self.kg_deletes.pop();
+            return Err(e);
+        }
+        self.active.delete_key_groups(lo, hi);
+        Ok(())
     }
 
     /// Forgets key-group deletes that no layer is old enough to be under.
@@ -1177,7 +1219,6 @@ impl<I: Io> Store<I> {
             max_bytes,
             mem,
             mem_capped_at,
-            mem_cleared,
             layers,
             pinned: HashMap::new(),
         });
@@ -1272,21 +1313,39 @@ impl<I: Io> Store<I> {
         let it = self.iters.remove(id);
         let mut data = Vec::new();
         let mut entries = 0u32;
+        // The resume cursor: the last user key this page examined (returned
+        // or deleted), so a page of only deleted entries still advances.
         let mut last_key = Vec::new();
-        let mut more = false;
+        // A layer stopped collecting at `cap`: entries from there on are
+        // unknown until the next page.
+        let mut more = cap.is_some();
         for (k, v) in merged {
             if cap.as_ref().is_some_and(|c| k >= *c) {
-                more = true;
                 break;
             }
-            let Some(v) = v else { continue };
             let ukey = &k[it.base.len()..];
+            let Some(v) = v else {
+                last_key.clear();
+                last_key.extend_from_slice(ukey);
+                continue;
+            };
             let add = match it.mode {
                 IterMode::Keys => 4 + ukey.len(),
                 IterMode::Values => 4 + v.len(),
                 IterMode::Entries => 8 + ukey.len() + v.len(),
             };
             if data.len() + add > it.max_bytes {
+                if entries == 0 {
+                    // Not even one entry fits: say how much it needs rather
+                    // than return an empty page that cannot advance.
+                    let e = StoreError::TooLarge {
+                        what: "the next map entry of this page",
+                        len: add,
+                        max: it.max_bytes,
+                    };
+                    self.done.push_back((it.token, Err(e)));
+                    return;
+                }
                 more = true;
                 break;
             }
@@ -1300,7 +1359,6 @@ impl<I: Io> Store<I> {
             last_key.clear();
             last_key.extend_from_slice(ukey);
         }
-        let _ = it.mem_cleared;
         self.done.push_back((
             it.token,
             Ok(Resolved::Page {
@@ -1404,6 +1462,24 @@ impl<I: Io> Store<I> {
                 }
                 TAG_COMPACT_SYNC => self.compact_synced(c.result),
                 TAG_COMPACT_READ => self.compact_read_done(v, c),
+                TAG_DIR_SYNC => {
+                    self.dir_sync_in_flight = false;
+                    match c.result {
+                        Ok(_) => {
+                            let done = std::mem::take(&mut self.awaiting_dir_sync);
+                            self.retired.extend(done);
+                        }
+                        Err(errno) => {
+                            // Keep the inputs (harmless duplicates: the output
+                            // supersedes them at recovery) and retry later.
+                            self.background_failed(StoreError::from_errno(
+                                &self.cfg.dir,
+                                "fsync directory",
+                                errno,
+                            ));
+                        }
+                    }
+                }
                 _ => {}
             }
         }
@@ -1416,6 +1492,9 @@ impl<I: Io> Store<I> {
                 return;
             }
             self.retry_at = None;
+        }
+        if !self.awaiting_dir_sync.is_empty() && !self.dir_sync_in_flight {
+            self.sync_dir();
         }
         if self.flush.is_none() && !self.frozen.is_empty() {
             self.start_flush();
@@ -1433,6 +1512,29 @@ impl<I: Io> Store<I> {
         if !self.kg_deletes.is_empty() && self.flush.is_none() && self.compact.is_none() {
             self.prune_kg_deletes();
         }
+    }
+
+    /// Issues an fsync of the store directory (through the I/O layer, so
+    /// the shard thread does not block).
+    fn sync_dir(&mut self) {
+        if self.dir_sync_in_flight {
+            return;
+        }
+        let f = match self.dir_file {
+            Some(f) => f,
+            None => match self.io.open(&self.cfg.dir, OpenMode::Read) {
+                Ok(f) => *self.dir_file.insert(f),
+                Err(e) => {
+                    return self.background_failed(StoreError::io(
+                        &self.cfg.dir,
+                        "open directory",
+                        &e,
+                    ));
+                }
+            },
+        };
+        self.dir_sync_in_flight = true;
+        self.io.fsync(f, tag(TAG_DIR_SYNC, 0));
     }
 
     fn reap_retired(&mut self) {
@@ -1560,6 +1662,13 @@ impl<I: Io> Store<I> {
             self.flush = Some(j);
             return self.abandon_flush(e);
         }
+        let mut j = j;
+        if j.writer.write_footer(&mut self.io) {
+            // Data durable; now the footer, then the second fsync.
+            j.fsync_issued = false;
+            self.flush = Some(j);
+            return;
+        }
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let seg = Rc::new(j.writer.into_segment(id));
@@ -1570,6 +1679,7 @@ impl<I: Io> Store<I> {
             .expect("the flushed memtable is the oldest frozen one");
         debug_assert!(Rc::ptr_eq(&done, &j.mem));
         self.stats.flushes += 1;
+        self.sync_dir();
         self.stats.last_background_error = None;
         self.rebalance_cache();
     }
@@ -1874,6 +1984,12 @@ impl<I: Io> Store<I> {
             self.compact = Some(j);
             return self.abandon_compaction(e);
         }
+        let mut j = j;
+        if j.writer.write_footer(&mut self.io) {
+            j.fsync_issued = false;
+            self.compact = Some(j);
+            return;
+        }
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let out = Rc::new(j.writer.into_segment(id));
@@ -1890,7 +2006,10 @@ impl<I: Io> Store<I> {
                 .all(|(a, b)| a.id == b.id)
         );
         let removed: Vec<Rc<Segment>> = self.segments.splice(pos..pos + n, [out]).collect();
-        self.retired.extend(removed);
+        // The inputs' files go only after the output's directory entry is
+        // durable, or a crash could find neither.
+        self.awaiting_dir_sync.extend(removed);
+        self.sync_dir();
         self.stats.compactions += 1;
         self.rebalance_cache();
     }
@@ -2013,6 +2132,10 @@ fn load_kg_deletes(dir: &Path) -> Result<Vec<KgDelete>, StoreError> {
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4")) {
         return Err(bad("key-group delete list checksum mismatch"));
+    }
+    let count = u32::from_le_bytes(body[..4].try_into().expect("4")) as usize;
+    if count * 12 != body.len() - 4 {
+        return Err(bad("key-group delete list count does not match its length"));
     }
     Ok(body[4..]
         .chunks_exact(12)

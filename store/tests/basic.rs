@@ -186,3 +186,75 @@ fn works_over_io_uring() {
     let d = tempfile::tempdir().unwrap();
     exercise(UringIo::new(256, true).unwrap(), d.path());
 }
+
+#[test]
+fn map_iteration_pages_through_a_large_map_and_refuses_a_page_too_small() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(StoreConfig::new(d.path(), 64 << 20), SyncIo::new(true)).unwrap();
+    let mk = KeyRef {
+        key_group: 1,
+        state: 3,
+        key: b"big",
+        namespace: b"",
+    };
+    for u in 0..10_000u32 {
+        run(&mut s, Op::MapPut(mk, &u.to_be_bytes(), b"v")).unwrap();
+    }
+    s.flush();
+    s.settle();
+    // Some deleted in the memtable, in the middle of a page.
+    for u in 100..200u32 {
+        run(&mut s, Op::MapRemove(mk, &u.to_be_bytes())).unwrap();
+    }
+    let mut after: Option<Vec<u8>> = None;
+    let mut total = 0;
+    let mut pages = 0;
+    loop {
+        let r = run(
+            &mut s,
+            Op::MapIter {
+                map: mk,
+                mode: IterMode::Keys,
+                after: after.as_deref(),
+                max_bytes: 1 << 20,
+            },
+        )
+        .unwrap();
+        let Owned::Page(_, n, last, more) = r else {
+            panic!("{r:?}")
+        };
+        total += n;
+        pages += 1;
+        if !more {
+            break;
+        }
+        assert!(!last.is_empty());
+        after = Some(last);
+    }
+    assert_eq!(total, 9_900);
+    assert!(
+        pages >= 3,
+        "a layer yields at most 4096 entries per page ({pages} pages)"
+    );
+    let e = run(
+        &mut s,
+        Op::MapIter {
+            map: mk,
+            mode: IterMode::Entries,
+            after: None,
+            max_bytes: 5,
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            stator_store::StoreError::TooLarge {
+                len: 13,
+                max: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
