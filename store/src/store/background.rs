@@ -1,0 +1,183 @@
+//! Polling: I/O completions, bounded background steps, deferred deletes,
+//! and delivery of finished operations.
+
+use super::*;
+
+impl<I: Io> Store<I> {
+    /// Submits queued I/O, reaps completions, advances background work by a
+    /// bounded step, and delivers finished operations to `on_done`. Returns
+    /// how many were delivered.
+    pub fn poll(&mut self, mut on_done: impl FnMut(u64, Result<Output<'_>, StoreError>)) -> usize {
+        self.drive_io();
+        self.background();
+        let _ = self.io.submit();
+        let mut n = 0;
+        while let Some((token, r)) = self.done.pop_front() {
+            n += 1;
+            match r {
+                Ok(res) => on_done(token, Ok(resolved_output(&res))),
+                Err(e) => on_done(token, Err(e)),
+            }
+        }
+        n
+    }
+
+    /// Blocks until I/O completes or `timeout` passes (when nothing is
+    /// ready to deliver).
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), StoreError> {
+        if !self.done.is_empty() {
+            return Ok(());
+        }
+        self.io
+            .wait(timeout)
+            .map_err(|e| StoreError::io(&self.cfg.dir, "wait", &e))
+    }
+
+    /// Runs `poll` until every submitted operation is delivered and, with
+    /// `background`, until flushes and compactions are done.
+    pub fn drain(
+        &mut self,
+        background: bool,
+        mut on_done: impl FnMut(u64, Result<Output<'_>, StoreError>),
+    ) {
+        loop {
+            self.poll(&mut on_done);
+            let idle = self.pending() == 0 && (!background || !self.busy());
+            if idle {
+                return;
+            }
+            if self.retry_at.is_some() && background && self.pending() == 0 {
+                // A failing background job would retry forever; stop here.
+                return;
+            }
+            let _ = self.wait(Some(Duration::from_millis(5)));
+        }
+    }
+
+    /// Freezes the active memtable so it is flushed (for tests, checkpoints
+    /// and shutdown).
+    pub fn flush(&mut self) {
+        self.freeze();
+    }
+
+    pub(super) fn drive_io(&mut self) {
+        let _ = self.io.submit();
+        let mut cs = std::mem::take(&mut self.completions);
+        self.io.reap(&mut cs);
+        for c in cs.drain(..) {
+            let t = c.token >> TAG_SHIFT;
+            let v = c.token & ((1 << TAG_SHIFT) - 1);
+            match t {
+                TAG_FETCH => self.fetch_done(v as usize, c),
+                TAG_FLUSH_WRITE => {
+                    if let Some(j) = self.flush.as_mut() {
+                        j.writer.write_done(c.result);
+                    }
+                }
+                TAG_FLUSH_SYNC => self.flush_synced(c.result),
+                TAG_COMPACT_WRITE => {
+                    if let Some(j) = self.compact.as_mut() {
+                        j.writer.write_done(c.result);
+                    }
+                }
+                TAG_COMPACT_SYNC => self.compact_synced(c.result),
+                TAG_COMPACT_READ => self.compact_read_done(v, c),
+                TAG_DIR_SYNC => {
+                    self.dir_sync_in_flight = false;
+                    match c.result {
+                        Ok(_) => {
+                            let done = std::mem::take(&mut self.awaiting_dir_sync);
+                            self.retired.extend(done);
+                        }
+                        Err(errno) => {
+                            // Keep the inputs (harmless duplicates: the output
+                            // supersedes them at recovery) and retry later.
+                            self.background_failed(StoreError::from_errno(
+                                &self.cfg.dir,
+                                "fsync directory",
+                                errno,
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.completions = cs;
+    }
+
+    pub(super) fn background(&mut self) {
+        if let Some(at) = self.retry_at {
+            if Instant::now() < at {
+                return;
+            }
+            self.retry_at = None;
+        }
+        if !self.awaiting_dir_sync.is_empty() && !self.dir_sync_in_flight {
+            self.sync_dir();
+        }
+        if self.flush.is_none() && !self.frozen.is_empty() {
+            self.start_flush();
+        }
+        if self.flush.is_some() {
+            self.step_flush();
+        }
+        if self.compact.is_none() && self.flush.is_none() {
+            self.maybe_start_compaction();
+        }
+        if self.compact.is_some() {
+            self.step_compaction();
+        }
+        self.reap_retired();
+        if !self.kg_deletes.is_empty() && self.flush.is_none() && self.compact.is_none() {
+            self.prune_kg_deletes();
+        }
+    }
+
+    /// Issues an fsync of the store directory (through the I/O layer, so
+    /// the shard thread does not block).
+    pub(super) fn sync_dir(&mut self) {
+        if self.dir_sync_in_flight {
+            return;
+        }
+        let f = match self.dir_file {
+            Some(f) => f,
+            None => match self.io.open(&self.cfg.dir, OpenMode::Read) {
+                Ok(f) => *self.dir_file.insert(f),
+                Err(e) => {
+                    return self.background_failed(StoreError::io(
+                        &self.cfg.dir,
+                        "open directory",
+                        &e,
+                    ));
+                }
+            },
+        };
+        self.dir_sync_in_flight = true;
+        self.io.fsync(f, tag(TAG_DIR_SYNC, 0));
+    }
+
+    pub(super) fn reap_retired(&mut self) {
+        let mut i = 0;
+        while i < self.retired.len() {
+            if Rc::strong_count(&self.retired[i]) == 1 {
+                let s = self.retired.swap_remove(i);
+                self.cache.forget_segment(s.id);
+                self.io.close(s.file);
+                let _ = std::fs::remove_file(&s.path);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    pub(super) fn background_failed(&mut self, e: StoreError) {
+        self.stats.last_background_error = Some(e);
+        self.retry_at = Some(Instant::now() + self.cfg.retry_delay);
+    }
+
+    /// Runs background work until flushes and compactions are finished.
+    pub fn settle(&mut self) {
+        self.drain(true, |_, _| {});
+    }
+}

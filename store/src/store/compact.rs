@@ -1,0 +1,338 @@
+//! Size-tiered compaction of adjacent segments, in bounded steps.
+
+use super::*;
+
+impl<I: Io> Store<I> {
+    pub(super) fn maybe_start_compaction(&mut self) {
+        let t = self.cfg.compaction_trigger.max(2);
+        if self.segments.len() < t {
+            return;
+        }
+        // The newest window of `t` adjacent segments of similar size
+        // (size-tiered: write amplification grows with log(data)).
+        let sizes: Vec<u64> = self.segments.iter().map(|s| s.file_len.max(1)).collect();
+        let mut window = None;
+        for start in 0..=sizes.len() - t {
+            let w = &sizes[start..start + t];
+            let (lo, hi) = (
+                *w.iter().min().expect("t >= 2"),
+                *w.iter().max().expect("t >= 2"),
+            );
+            if hi <= lo * 4 {
+                window = Some(start);
+                break;
+            }
+        }
+        // Too many segments of any size: merge the newest `t` anyway.
+        if window.is_none() && self.segments.len() >= t * 3 {
+            window = Some(0);
+        }
+        let Some(start) = window else { return };
+        let inputs: Vec<Rc<Segment>> = self.segments[start..start + t].to_vec();
+        let bottom = start + t == self.segments.len();
+        let order = inputs[0].footer.order;
+        let generation = inputs
+            .iter()
+            .map(|s| s.footer.generation)
+            .max()
+            .expect("t >= 2")
+            + 1;
+        let min_order = inputs
+            .iter()
+            .map(|s| s.footer.min_order)
+            .min()
+            .expect("t >= 2");
+        let writer = match SegmentWriter::create(
+            &mut self.io,
+            &self.cfg.dir,
+            order,
+            generation,
+            min_order,
+            tag(TAG_COMPACT_WRITE, 0),
+        ) {
+            Ok(w) => w,
+            Err(e) => return self.background_failed(e),
+        };
+        let cursors = inputs
+            .iter()
+            .map(|s| Cursor {
+                seg: s.clone(),
+                next_read: 0,
+                arrived: BTreeMap::new(),
+                blocks: VecDeque::new(),
+                next_block: 0,
+                rec: 0,
+                reads_in_flight: 0,
+            })
+            .collect();
+        self.compact = Some(CompactJob {
+            inputs,
+            cursors,
+            writer,
+            bottom,
+            clear: None,
+            syncing: false,
+            fsync_issued: false,
+            error: None,
+            scratch: Vec::new(),
+        });
+    }
+
+    pub(super) fn issue_compact_reads(&mut self) {
+        let j = self.compact.as_mut().expect("compaction job");
+        for (ci, c) in j.cursors.iter_mut().enumerate() {
+            let buffered = c.blocks.len() + c.arrived.values().map(|v| v.len()).sum::<usize>();
+            if c.reads_in_flight > 0
+                || buffered >= COMPACT_READ_BLOCKS / 2
+                || c.next_read >= c.seg.index.len()
+            {
+                continue;
+            }
+            let first = c.next_read;
+            let last = (first + COMPACT_READ_BLOCKS).min(c.seg.index.len());
+            let (off, _) = c.seg.index.block(first);
+            let (loff, llen) = c.seg.index.block(last - 1);
+            let len = (loff + llen as u64 - off) as usize;
+            c.next_read = last;
+            c.reads_in_flight += 1;
+            let token = tag(TAG_COMPACT_READ, ((ci as u64) << 32) | first as u64);
+            self.io
+                .read(c.seg.file, off, AlignedBuf::zeroed(len), token);
+        }
+    }
+
+    pub(super) fn compact_read_done(&mut self, v: u64, c: IoCompletion) {
+        let Some(j) = self.compact.as_mut() else {
+            return;
+        };
+        let (ci, first) = ((v >> 32) as usize, (v & 0xffff_ffff) as usize);
+        let cur = &mut j.cursors[ci];
+        cur.reads_in_flight -= 1;
+        let seg = cur.seg.clone();
+        let buf = match (c.result, c.buf) {
+            (Ok(n), Some(b)) if n == b.len() => b,
+            (Ok(_), _) => {
+                j.error.get_or_insert(corrupt(
+                    &seg,
+                    seg.index.block(first).0,
+                    "short read during compaction",
+                ));
+                return;
+            }
+            (Err(errno), _) => {
+                j.error
+                    .get_or_insert(StoreError::from_errno(&seg.path, "read", errno));
+                return;
+            }
+        };
+        let base = seg.index.block(first).0;
+        let mut blocks = Vec::new();
+        let mut bi = first;
+        while bi < seg.index.len() {
+            let (off, len) = seg.index.block(bi);
+            let rel = (off - base) as usize;
+            if rel + len as usize > buf.len() {
+                break;
+            }
+            let mut b = AlignedBuf::with_capacity(len as usize);
+            b.extend_from_slice(&buf[rel..rel + len as usize]);
+            match Block::parse(b) {
+                Ok(b) => blocks.push(b),
+                Err(m) => {
+                    j.error.get_or_insert(corrupt(&seg, off, m.0));
+                    return;
+                }
+            }
+            bi += 1;
+        }
+        cur.arrived.insert(first, blocks);
+        while let Some(e) = cur.arrived.first_entry() {
+            if *e.key() != cur.next_block {
+                break;
+            }
+            let bs = e.remove();
+            cur.next_block += bs.len();
+            cur.blocks.extend(bs);
+        }
+    }
+
+    pub(super) fn step_compaction(&mut self) {
+        if let Some(e) = self
+            .compact
+            .as_ref()
+            .and_then(|j| j.error.clone().or_else(|| j.writer.error.clone()))
+        {
+            return self.abandon_compaction(e);
+        }
+        if self.compact.as_ref().is_some_and(|j| j.syncing) {
+            return self.maybe_sync_compaction();
+        }
+        self.issue_compact_reads();
+        let work = self.cfg.work_per_poll;
+        let kg_deletes = self.kg_deletes.clone();
+        let j = self.compact.as_mut().expect("compaction job");
+        for _ in 0..work {
+            // Every unfinished input must have its current block loaded.
+            let mut waiting = false;
+            for c in j.cursors.iter_mut() {
+                while c.blocks.front().is_some_and(|b| c.rec >= b.view().len()) {
+                    c.blocks.pop_front();
+                    c.rec = 0;
+                }
+                let finished = c.blocks.is_empty() && c.next_block >= c.seg.index.len();
+                if c.blocks.is_empty() && !finished {
+                    waiting = true;
+                }
+            }
+            if waiting {
+                return;
+            }
+            // The smallest current key, and every input holding it.
+            let mut min: Option<&[u8]> = None;
+            for c in &j.cursors {
+                if let Some(b) = c.blocks.front() {
+                    let k = b.view().record(c.rec).key;
+                    if min.is_none_or(|m| k < m) {
+                        min = Some(k);
+                    }
+                }
+            }
+            let Some(min) = min else {
+                j.writer.finish(&mut self.io);
+                j.syncing = true;
+                return self.maybe_sync_compaction();
+            };
+            let key = min.to_vec();
+            let mut operands: Vec<Vec<u8>> = Vec::new();
+            let mut result: Option<(Kind, Vec<u8>)> = None;
+            let mut decided = false;
+            let mut clear_rank = None;
+            for (rank, c) in j.cursors.iter_mut().enumerate() {
+                let Some(b) = c.blocks.front() else { continue };
+                let rec = b.view().record(c.rec);
+                if rec.key != &key[..] {
+                    continue;
+                }
+                c.rec += 1;
+                if decided {
+                    continue;
+                }
+                let order = j.inputs[rank].footer.order;
+                if kg_deletes
+                    .iter()
+                    .any(|d| order <= d.max_order && keys::in_key_groups(&key, d.lo, d.hi))
+                {
+                    continue;
+                }
+                if let Some((cb, cr)) = &j.clear
+                    && key.starts_with(cb)
+                    && key.len() > cb.len()
+                    && rank > *cr
+                {
+                    continue;
+                }
+                match rec.kind {
+                    Kind::Put => {
+                        result = Some((Kind::Put, join(Some(rec.value), &operands)));
+                        decided = true;
+                    }
+                    Kind::Delete => {
+                        result = Some(if operands.is_empty() {
+                            (Kind::Delete, Vec::new())
+                        } else {
+                            (Kind::Put, join(None, &operands))
+                        });
+                        decided = true;
+                    }
+                    Kind::Clear => {
+                        result = Some((Kind::Clear, Vec::new()));
+                        clear_rank = Some(rank);
+                        decided = true;
+                    }
+                    Kind::Merge => operands.push(rec.value.to_vec()),
+                }
+            }
+            if !decided && !operands.is_empty() {
+                result = Some((
+                    if j.bottom { Kind::Put } else { Kind::Merge },
+                    join(None, &operands),
+                ));
+            }
+            if let Some(r) = clear_rank {
+                j.clear = Some((key.clone(), r));
+            }
+            let Some((kind, value)) = result else {
+                continue;
+            };
+            if j.bottom && matches!(kind, Kind::Delete | Kind::Clear) {
+                continue;
+            }
+            j.scratch = value;
+            j.writer.add(&mut self.io, kind, &key, &j.scratch);
+        }
+    }
+
+    pub(super) fn maybe_sync_compaction(&mut self) {
+        let j = self.compact.as_mut().expect("compaction job");
+        if j.writer.all_written() && !j.fsync_issued {
+            if let Some(e) = j.writer.error.clone() {
+                return self.abandon_compaction(e);
+            }
+            j.fsync_issued = true;
+            let f = j.writer.file;
+            self.io.fsync(f, tag(TAG_COMPACT_SYNC, 0));
+        }
+    }
+
+    pub(super) fn compact_synced(&mut self, r: Result<usize, i32>) {
+        let Some(j) = self.compact.take() else { return };
+        if let Err(errno) = r {
+            let e = StoreError::from_errno(&j.writer.path, "fsync", errno);
+            self.compact = Some(j);
+            return self.abandon_compaction(e);
+        }
+        let mut j = j;
+        if j.writer.write_footer(&mut self.io) {
+            j.fsync_issued = false;
+            self.compact = Some(j);
+            return;
+        }
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
+        let out = Rc::new(j.writer.into_segment(id));
+        let pos = self
+            .segments
+            .iter()
+            .position(|s| s.id == j.inputs[0].id)
+            .expect("inputs stay in the list while compacting");
+        let n = j.inputs.len();
+        debug_assert!(
+            self.segments[pos..pos + n]
+                .iter()
+                .zip(&j.inputs)
+                .all(|(a, b)| a.id == b.id)
+        );
+        let removed: Vec<Rc<Segment>> = self.segments.splice(pos..pos + n, [out]).collect();
+        // The inputs' files go only after the output's directory entry is
+        // durable, or a crash could find neither.
+        self.awaiting_dir_sync.extend(removed);
+        self.sync_dir();
+        self.stats.compactions += 1;
+        self.rebalance_cache();
+    }
+
+    pub(super) fn abandon_compaction(&mut self, e: StoreError) {
+        if let Some(j) = self.compact.take() {
+            if j.writer.all_written() || j.writer.error.is_some() {
+                self.io.close(j.writer.file);
+                let _ = std::fs::remove_file(&j.writer.path);
+            } else {
+                // Writes still in flight own buffers; let them finish into a
+                // file that is deleted by name now (the fd keeps it alive).
+                let _ = std::fs::remove_file(&j.writer.path);
+                self.io.close(j.writer.file);
+            }
+        }
+        self.background_failed(e);
+    }
+}

@@ -1,0 +1,141 @@
+//! Flush: a frozen memtable sorted in bounded runs and merged into a segment.
+
+use super::*;
+
+impl<I: Io> Store<I> {
+    pub(super) fn start_flush(&mut self) {
+        let (order, mem) = self.frozen.last().expect("checked non-empty").clone();
+        let writer = match SegmentWriter::create(
+            &mut self.io,
+            &self.cfg.dir,
+            order,
+            0,
+            order,
+            tag(TAG_FLUSH_WRITE, 0),
+        ) {
+            Ok(w) => w,
+            Err(e) => return self.background_failed(e),
+        };
+        // Records a key-group delete removed after this memtable froze are
+        // not written.
+        let unsorted: Vec<u64> = mem
+            .live_addrs()
+            .into_iter()
+            .filter(|&a| !self.masked_order(order, mem.key_of(a)))
+            .collect();
+        // Nothing older exists: tombstones have nothing to hide.
+        let bottom = self.segments.is_empty();
+        self.flush = Some(FlushJob {
+            mem,
+            unsorted,
+            runs: Vec::new(),
+            cursors: Vec::new(),
+            writer,
+            bottom,
+            syncing: false,
+            fsync_issued: false,
+            scratch: Vec::new(),
+        });
+    }
+
+    pub(super) fn step_flush(&mut self) {
+        let work = self.cfg.work_per_poll;
+        let j = self.flush.as_mut().expect("called with a flush job");
+        if j.syncing {
+            return self.maybe_sync_flush();
+        }
+        if let Some(e) = j.writer.error.clone() {
+            return self.abandon_flush(e);
+        }
+        // Phase 1: sort runs of `work` keys, one run per step.
+        if !j.unsorted.is_empty() {
+            let n = j.unsorted.len().min(work * 8);
+            let mut run: Vec<u64> = j.unsorted.drain(j.unsorted.len() - n..).collect();
+            let mem = &j.mem;
+            run.sort_unstable_by(|a, b| mem.key_of(*a).cmp(mem.key_of(*b)));
+            j.runs.push(run);
+            j.cursors.push(0);
+            return;
+        }
+        // Phase 2: merge the runs into the writer, `work` records a step.
+        for _ in 0..work {
+            let mut best: Option<usize> = None;
+            for (r, run) in j.runs.iter().enumerate() {
+                if let Some(&a) = run.get(j.cursors[r])
+                    && best.is_none_or(|b| j.mem.key_of(a) < j.mem.key_of(j.runs[b][j.cursors[b]]))
+                {
+                    best = Some(r);
+                }
+            }
+            let Some(r) = best else {
+                j.writer.finish(&mut self.io);
+                j.syncing = true;
+                return self.maybe_sync_flush();
+            };
+            let addr = j.runs[r][j.cursors[r]];
+            j.cursors[r] += 1;
+            j.scratch.clear();
+            let mut kind = j.mem.resolve(addr, &mut j.scratch);
+            if j.bottom {
+                match kind {
+                    Kind::Delete | Kind::Clear => continue,
+                    Kind::Merge => kind = Kind::Put,
+                    Kind::Put => {}
+                }
+            }
+            let key = j.mem.key_of(addr);
+            j.writer.add(&mut self.io, kind, key, &j.scratch);
+        }
+    }
+
+    pub(super) fn maybe_sync_flush(&mut self) {
+        let j = self.flush.as_mut().expect("flush job");
+        if j.writer.all_written() && !j.fsync_issued {
+            if let Some(e) = j.writer.error.clone() {
+                return self.abandon_flush(e);
+            }
+            j.fsync_issued = true;
+            let f = j.writer.file;
+            self.io.fsync(f, tag(TAG_FLUSH_SYNC, 0));
+        }
+    }
+
+    pub(super) fn flush_synced(&mut self, r: Result<usize, i32>) {
+        let Some(j) = self.flush.take() else { return };
+        if let Err(errno) = r {
+            let e = StoreError::from_errno(&j.writer.path, "fsync", errno);
+            self.flush = Some(j);
+            return self.abandon_flush(e);
+        }
+        let mut j = j;
+        if j.writer.write_footer(&mut self.io) {
+            // Data durable; now the footer, then the second fsync.
+            j.fsync_issued = false;
+            self.flush = Some(j);
+            return;
+        }
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
+        let seg = Rc::new(j.writer.into_segment(id));
+        self.segments.insert(0, seg);
+        let (_, done) = self
+            .frozen
+            .pop()
+            .expect("the flushed memtable is the oldest frozen one");
+        debug_assert!(Rc::ptr_eq(&done, &j.mem));
+        self.stats.flushes += 1;
+        self.sync_dir();
+        self.stats.last_background_error = None;
+        self.rebalance_cache();
+    }
+
+    pub(super) fn abandon_flush(&mut self, e: StoreError) {
+        if let Some(j) = self.flush.take() {
+            // Stop writing that file; the frozen memtable stays in memory
+            // (nothing is lost) and a later attempt writes a new file.
+            self.io.close(j.writer.file);
+            let _ = std::fs::remove_file(&j.writer.path);
+        }
+        self.background_failed(e);
+    }
+}

@@ -1,0 +1,748 @@
+//! The engine: one instance per shard thread, no locks, no blocking call on
+//! the request path.
+//!
+//! Writes go to the active memtable and complete at once. A full memtable
+//! is frozen and flushed to a segment in the background; segments are
+//! merged by compaction in the background. Both run in bounded steps inside
+//! [`Store::poll`], so a foreground request never waits behind a whole
+//! flush or compaction.
+//!
+//! Reads consult the layers newest first: the active memtable, the frozen
+//! ones, then the segments. What memory can answer completes at once; a
+//! read that needs a block not in the cache captures its snapshot (the list
+//! of segments still to consult, and list operands found so far) and issues
+//! the block read; reads waiting for the same block share one I/O. Because
+//! writes never wait and every read fixes its snapshot at submission, each
+//! key's effects take place in submission order: a put submitted after a
+//! pending get is not seen by it, and a get submitted after the put sees it.
+
+mod background;
+mod compact;
+mod flush;
+mod iter;
+mod read;
+mod write;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+
+use crate::aligned::{ALIGN, AlignedBuf};
+use crate::bloom;
+use crate::cache::{Block, BlockCache};
+use crate::error::StoreError;
+use crate::format::{self, Kind};
+use crate::io::{Io, IoCompletion, OpenMode};
+use crate::keys;
+use crate::memtable::Memtable;
+use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
+use crate::segment::{self, Segment, SegmentWriter};
+
+/// Store configuration.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub dir: PathBuf,
+    /// Everything the store holds in memory (memtables, block cache,
+    /// indexes, filters) stays within this.
+    pub memory_budget: usize,
+    /// Size at which the active memtable is frozen and flushed. Default:
+    /// a quarter of the budget, between 4 MiB and 256 MiB.
+    pub memtable_bytes: Option<usize>,
+    /// Open segments with O_DIRECT where the file system allows.
+    pub direct_io: bool,
+    /// Compact when this many similar-sized segments are adjacent.
+    pub compaction_trigger: usize,
+    /// Records a flush or compaction processes per `poll` at most.
+    pub work_per_poll: usize,
+    /// After a failed flush or compaction, wait this long before retrying.
+    pub retry_delay: Duration,
+    /// An upper bound on the block cache (it otherwise takes whatever the
+    /// budget leaves after memtables, indexes and filters).
+    pub block_cache_max: Option<usize>,
+}
+
+impl StoreConfig {
+    pub fn new(dir: impl Into<PathBuf>, memory_budget: usize) -> StoreConfig {
+        StoreConfig {
+            dir: dir.into(),
+            memory_budget,
+            memtable_bytes: None,
+            direct_io: true,
+            compaction_trigger: 4,
+            work_per_poll: 2048,
+            retry_delay: Duration::from_millis(500),
+            block_cache_max: None,
+        }
+    }
+
+    fn memtable_bytes(&self) -> usize {
+        self.memtable_bytes
+            .unwrap_or((self.memory_budget / 4).clamp(4 << 20, 256 << 20))
+    }
+}
+
+/// What the store holds in memory, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    pub memtables: usize,
+    pub block_cache: usize,
+    pub indexes_and_filters: usize,
+    pub budget: usize,
+}
+
+impl MemoryUsage {
+    pub fn total(&self) -> usize {
+        self.memtables + self.block_cache + self.indexes_and_filters
+    }
+}
+
+/// Counters for operators and benchmarks.
+#[derive(Clone, Debug, Default)]
+pub struct StoreStats {
+    pub segments: usize,
+    pub segment_bytes: u64,
+    pub flushes: u64,
+    pub compactions: u64,
+    pub block_reads: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub pending_reads: usize,
+    /// The last background (flush/compaction) failure, if any.
+    pub last_background_error: Option<StoreError>,
+}
+
+/// What reopening a directory found.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    /// Incomplete or corrupt segment files set aside as `*.torn`, with why.
+    pub torn: Vec<(PathBuf, String)>,
+    /// Segments superseded by a completed compaction, deleted.
+    pub superseded: Vec<PathBuf>,
+}
+
+const TAG_SHIFT: u32 = 56;
+const TAG_FETCH: u64 = 1;
+const TAG_FLUSH_WRITE: u64 = 2;
+const TAG_FLUSH_SYNC: u64 = 3;
+const TAG_COMPACT_WRITE: u64 = 4;
+const TAG_COMPACT_SYNC: u64 = 5;
+const TAG_COMPACT_READ: u64 = 6;
+const TAG_OPEN: u64 = 7;
+const TAG_DIR_SYNC: u64 = 8;
+
+fn tag(t: u64, v: u64) -> u64 {
+    (t << TAG_SHIFT) | v
+}
+
+/// A key-group range deleted from every segment up to `max_order`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KgDelete {
+    lo: u16,
+    hi: u16,
+    max_order: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadKind {
+    Get,
+    ListGet,
+    MapGet,
+    MapContains,
+}
+
+/// A read waiting for a block.
+struct PendingRead {
+    token: u64,
+    kind: ReadKind,
+    key: Vec<u8>,
+    h: u64,
+    /// Map reads: the base (clear-marker) key length and hash.
+    base_len: usize,
+    hb: u64,
+    /// Segments still to consult, oldest first (the next is the last).
+    layers: Vec<Rc<Segment>>,
+    /// List operands found in newer layers, newest first.
+    operands: Vec<Vec<u8>>,
+    /// 0: look up the key in the current segment; 1: the map's base.
+    stage: u8,
+    /// A block delivered by a fetch, used before the cache.
+    hint: Option<(u64, u32, Rc<Block>)>,
+}
+
+/// A map iteration waiting for blocks.
+struct PendingIter {
+    token: u64,
+    base: Vec<u8>,
+    start: Vec<u8>,
+    mode: IterMode,
+    max_bytes: usize,
+    /// Memtable layers' entries (newest wins), captured at submission.
+    mem: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    mem_capped_at: Option<Vec<u8>>,
+    layers: Vec<Rc<Segment>>,
+    pinned: HashMap<(u64, u32), Rc<Block>>,
+}
+
+/// A block read in flight, shared by every read that needs it.
+struct Fetch {
+    seg: Rc<Segment>,
+    block: u32,
+    reads: Vec<usize>,
+    iters: Vec<usize>,
+}
+
+/// A finished read waiting to be delivered by `poll`.
+enum Resolved {
+    NotFound,
+    Block(Rc<Block>, std::ops::Range<usize>),
+    Owned(Vec<u8>),
+    Contains(bool),
+    Page {
+        data: Vec<u8>,
+        entries: u32,
+        last_key: Vec<u8>,
+        more: bool,
+    },
+}
+
+/// Outcome of evaluating a read against the layers it can reach now.
+enum Step {
+    Done(Resolved),
+    Wait(Rc<Segment>, u32),
+}
+
+enum Immediate {
+    /// Answered by the active memtable without copying.
+    ActiveValue(u64),
+    Frozen(usize, u64),
+    Resolved(Resolved),
+}
+
+struct FlushJob {
+    mem: Rc<Memtable>,
+    unsorted: Vec<u64>,
+    runs: Vec<Vec<u64>>,
+    cursors: Vec<usize>,
+    writer: SegmentWriter,
+    bottom: bool,
+    /// All records added; waiting for writes, then for the fsync.
+    syncing: bool,
+    fsync_issued: bool,
+    scratch: Vec<u8>,
+}
+
+struct Cursor {
+    seg: Rc<Segment>,
+    next_read: usize,
+    arrived: BTreeMap<usize, Vec<Block>>,
+    blocks: VecDeque<Block>,
+    next_block: usize,
+    rec: usize,
+    reads_in_flight: usize,
+}
+
+struct CompactJob {
+    /// Newest first.
+    inputs: Vec<Rc<Segment>>,
+    cursors: Vec<Cursor>,
+    writer: SegmentWriter,
+    bottom: bool,
+    clear: Option<(Vec<u8>, usize)>,
+    syncing: bool,
+    fsync_issued: bool,
+    error: Option<StoreError>,
+    scratch: Vec<u8>,
+}
+
+/// Blocks of read-ahead per compaction input.
+const COMPACT_READ_BLOCKS: usize = 64;
+/// Entries a map iteration collects per layer before cutting the page.
+const ITER_LAYER_CAP: usize = 4096;
+
+/// The storage engine over an I/O layer `I`.
+pub struct Store<I: Io> {
+    cfg: StoreConfig,
+    io: I,
+    active: Memtable,
+    /// Newest first, each with the order its segment will get.
+    frozen: Vec<(u64, Rc<Memtable>)>,
+    /// Newest first.
+    segments: Vec<Rc<Segment>>,
+    retired: Vec<Rc<Segment>>,
+    /// Compaction inputs whose files may be deleted once the directory
+    /// entry of the compaction's output is durable (a directory fsync).
+    awaiting_dir_sync: Vec<Rc<Segment>>,
+    dir_sync_in_flight: bool,
+    dir_file: Option<crate::io::FileId>,
+    cache: BlockCache,
+    reads: Slab<PendingRead>,
+    iters: Slab<PendingIter>,
+    fetches: Slab<Fetch>,
+    fetch_index: HashMap<(u64, u32), usize>,
+    done: VecDeque<(u64, Result<Resolved, StoreError>)>,
+    flush: Option<FlushJob>,
+    compact: Option<CompactJob>,
+    kg_deletes: Vec<KgDelete>,
+    next_order: u64,
+    next_segment_id: u64,
+    retry_at: Option<Instant>,
+    stats: StoreStats,
+    completions: Vec<IoCompletion>,
+    /// Holds what an immediate `Output` borrows.
+    scratch: Vec<u8>,
+    held_block: Option<Rc<Block>>,
+}
+
+/// Keys and values larger than this are refused.
+pub const MAX_VALUE_LEN: usize = 64 << 20;
+
+fn check_key(k: &KeyRef<'_>) -> Result<(), StoreError> {
+    if k.key.len() > keys::MAX_PART_LEN {
+        return Err(StoreError::TooLarge {
+            what: "key",
+            len: k.key.len(),
+            max: keys::MAX_PART_LEN,
+        });
+    }
+    if k.namespace.len() > keys::MAX_PART_LEN {
+        return Err(StoreError::TooLarge {
+            what: "namespace",
+            len: k.namespace.len(),
+            max: keys::MAX_PART_LEN,
+        });
+    }
+    Ok(())
+}
+
+fn encode(k: &KeyRef<'_>, user_key: Option<&[u8]>) -> Result<Vec<u8>, StoreError> {
+    check_key(k)?;
+    let mut out = Vec::new();
+    keys::encode_base(&mut out, k.key_group, k.state, k.key, k.namespace);
+    if let Some(u) = user_key {
+        out.extend_from_slice(u);
+    }
+    if out.len() > keys::MAX_KEY_LEN {
+        return Err(StoreError::TooLarge {
+            what: "encoded key",
+            len: out.len(),
+            max: keys::MAX_KEY_LEN,
+        });
+    }
+    Ok(out)
+}
+
+fn check_value(v: &[u8]) -> Result<(), StoreError> {
+    if v.len() > MAX_VALUE_LEN {
+        return Err(StoreError::TooLarge {
+            what: "value",
+            len: v.len(),
+            max: MAX_VALUE_LEN,
+        });
+    }
+    Ok(())
+}
+
+/// Joins a base value (if any) with operands given newest first.
+fn join(base: Option<&[u8]>, operands: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        base.map_or(0, |b| b.len()) + operands.iter().map(|o| o.len()).sum::<usize>(),
+    );
+    if let Some(b) = base {
+        out.extend_from_slice(b);
+    }
+    for o in operands.iter().rev() {
+        out.extend_from_slice(o);
+    }
+    out
+}
+
+fn corrupt(seg: &Segment, offset: u64, what: &'static str) -> StoreError {
+    StoreError::Corrupt {
+        path: seg.path.display().to_string(),
+        offset,
+        what,
+    }
+}
+
+impl<I: Io> Store<I> {
+    /// Opens (or creates) the store in `cfg.dir`, recovering every segment
+    /// that was completely written and setting aside torn ones.
+    pub fn open(cfg: StoreConfig, mut io: I) -> Result<(Store<I>, RecoveryReport), StoreError> {
+        if cfg.memtable_bytes() > cfg.memory_budget / 2 {
+            return Err(StoreError::Invalid(
+                "memtable_bytes must be at most half the memory budget: the active memtable and the one being flushed share it",
+            ));
+        }
+        let dir_err = |msg: String| StoreError::Dir {
+            path: cfg.dir.display().to_string(),
+            msg,
+        };
+        std::fs::create_dir_all(&cfg.dir).map_err(|e| dir_err(e.to_string()))?;
+        let mut report = RecoveryReport::default();
+        let mut found: Vec<(u64, u32, PathBuf)> = Vec::new();
+        for e in std::fs::read_dir(&cfg.dir).map_err(|e| dir_err(e.to_string()))? {
+            let e = e.map_err(|e| dir_err(e.to_string()))?;
+            let name = e.file_name().to_string_lossy().to_string();
+            if let Some((o, g)) = segment::parse_file_name(&name) {
+                found.push((o, g, e.path()));
+            }
+        }
+        found.sort();
+        let mut segs: Vec<Segment> = Vec::new();
+        let mut next_id = 1u64;
+        for (_, _, path) in found {
+            match Self::open_segment(&mut io, &path, next_id) {
+                Ok(s) => {
+                    next_id += 1;
+                    segs.push(s);
+                }
+                // Corruption or a torn write: set the file aside (never
+                // overwriting an earlier one) and report it. Anything else
+                // (a newer format version, EMFILE, EACCES...) stops the open:
+                // the file may be fine, and guessing would lose it.
+                Err(e) => {
+                    let torn_like = matches!(&e, StoreError::Corrupt { what, .. } if *what != format::UNSUPPORTED_VERSION);
+                    if !torn_like {
+                        return Err(e);
+                    }
+                    let mut torn = path.with_extension("torn");
+                    let mut n = 1;
+                    while torn.exists() {
+                        torn = path.with_extension(format!("torn.{n}"));
+                        n += 1;
+                    }
+                    let _ = std::fs::rename(&path, &torn);
+                    report.torn.push((torn, e.to_string()));
+                }
+            }
+        }
+        // A completed compaction supersedes the inputs whose orders it
+        // covers with a lower generation (a crash can leave both).
+        let covered = |s: &Segment, by: &Segment| {
+            by.footer.generation > s.footer.generation
+                && by.footer.min_order <= s.footer.min_order
+                && s.footer.order <= by.footer.order
+        };
+        let mut keep = Vec::new();
+        for (i, s) in segs.iter().enumerate() {
+            if segs
+                .iter()
+                .enumerate()
+                .any(|(j, by)| i != j && covered(s, by))
+            {
+                report.superseded.push(s.path.clone());
+            } else {
+                keep.push(i);
+            }
+        }
+        let mut live: Vec<Rc<Segment>> = Vec::new();
+        for (i, s) in segs.into_iter().enumerate() {
+            if keep.contains(&i) {
+                live.push(Rc::new(s));
+            } else {
+                io.close(s.file);
+                let _ = std::fs::remove_file(&s.path);
+            }
+        }
+        if !report.torn.is_empty() || !report.superseded.is_empty() {
+            // Make the renames and deletes durable before anything new.
+            std::fs::File::open(&cfg.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| dir_err(e.to_string()))?;
+        }
+        live.sort_by(|a, b| {
+            (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
+        });
+        report.segments = live.len();
+        let next_order = live.iter().map(|s| s.footer.order + 1).max().unwrap_or(1);
+        let kg_deletes = load_kg_deletes(&cfg.dir)?;
+        // New layers must be newer than every recorded key-group delete,
+        // even if the layers it was recorded against were never flushed.
+        let next_order = next_order.max(
+            kg_deletes
+                .iter()
+                .map(|d| d.max_order + 1)
+                .max()
+                .unwrap_or(0),
+        );
+        let memtable_entries = initial_entries(&cfg);
+        let mut store = Store {
+            cache: BlockCache::new(cfg.memory_budget / 2),
+            active: Memtable::new(memtable_entries),
+            cfg,
+            io,
+            frozen: Vec::new(),
+            segments: live,
+            retired: Vec::new(),
+            awaiting_dir_sync: Vec::new(),
+            dir_sync_in_flight: false,
+            dir_file: None,
+            reads: Slab::new(),
+            iters: Slab::new(),
+            fetches: Slab::new(),
+            fetch_index: HashMap::new(),
+            done: VecDeque::new(),
+            flush: None,
+            compact: None,
+            kg_deletes,
+            next_order,
+            next_segment_id: next_id,
+            retry_at: None,
+            stats: StoreStats::default(),
+            completions: Vec::new(),
+            scratch: Vec::new(),
+            held_block: None,
+        };
+        store.rebalance_cache();
+        Ok((store, report))
+    }
+
+    /// Reads a segment's footer and meta region (at open; waits for the I/O).
+    pub(super) fn open_segment(io: &mut I, path: &Path, id: u64) -> Result<Segment, StoreError> {
+        let file = io
+            .open(path, OpenMode::Read)
+            .map_err(|e| StoreError::io(path, "open", &e))?;
+        let r = (|| {
+            let len = io
+                .file_len(file)
+                .map_err(|e| StoreError::io(path, "stat", &e))?;
+            let page = format::footer_page(len).ok_or(StoreError::Corrupt {
+                path: path.display().to_string(),
+                offset: len,
+                what: "file length is not a whole number of pages (torn)",
+            })?;
+            let fbuf = read_sync(io, file, page, ALIGN, path)?;
+            let footer = format::Footer::decode(&fbuf, len).map_err(|m| StoreError::Corrupt {
+                path: path.display().to_string(),
+                offset: page,
+                what: m.0,
+            })?;
+            let meta_off = footer.filter_off / ALIGN as u64 * ALIGN as u64;
+            let meta_len = (page - meta_off) as usize;
+            let meta = read_sync(io, file, meta_off, meta_len, path)?;
+            Segment::from_parts(id, path.to_path_buf(), file, len, &fbuf, &meta, meta_off)
+        })();
+        if r.is_err() {
+            io.close(file);
+        }
+        r
+    }
+
+    /// The I/O layer (tests inspect a fault injector through it).
+    pub fn io(&self) -> &I {
+        &self.io
+    }
+
+    /// The I/O layer, mutably (tests re-plan faults through it).
+    pub fn io_mut(&mut self) -> &mut I {
+        &mut self.io
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// Memory in use, by part.
+    pub fn memory(&self) -> MemoryUsage {
+        MemoryUsage {
+            memtables: self.active.memory_bytes()
+                + self
+                    .frozen
+                    .iter()
+                    .map(|(_, m)| m.memory_bytes())
+                    .sum::<usize>(),
+            block_cache: self.cache.bytes(),
+            indexes_and_filters: self.segments.iter().map(|s| s.memory_bytes()).sum(),
+            budget: self.cfg.memory_budget,
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        let mut s = self.stats.clone();
+        s.segments = self.segments.len();
+        s.segment_bytes = self.segments.iter().map(|s| s.file_len).sum();
+        s.cache_hits = self.cache.hits;
+        s.cache_misses = self.cache.misses;
+        s.pending_reads = self.reads.len() + self.iters.len();
+        s
+    }
+
+    /// Operations submitted and not yet delivered.
+    pub fn pending(&self) -> usize {
+        self.reads.len() + self.iters.len() + self.done.len()
+    }
+
+    /// Whether background work (flush, compaction, deferred deletes) is
+    /// outstanding.
+    pub fn busy(&self) -> bool {
+        self.flush.is_some()
+            || self.compact.is_some()
+            || !self.frozen.is_empty()
+            || !self.retired.is_empty()
+            || !self.awaiting_dir_sync.is_empty()
+    }
+
+    /// The cache gets whatever the budget leaves after memtables and
+    /// segment metadata.
+    pub(super) fn rebalance_cache(&mut self) {
+        let m = self.memory();
+        let others = m.memtables + m.indexes_and_filters;
+        let left = self.cfg.memory_budget.saturating_sub(others);
+        self.cache
+            .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
+    }
+
+    pub(super) fn masked(&self, seg: &Segment, key: &[u8]) -> bool {
+        self.masked_order(seg.footer.order, key)
+    }
+
+    /// Whether a key-group delete removed `key` from a layer of `order`.
+    pub(super) fn masked_order(&self, order: u64, key: &[u8]) -> bool {
+        self.kg_deletes
+            .iter()
+            .any(|d| order <= d.max_order && keys::in_key_groups(key, d.lo, d.hi))
+    }
+}
+
+impl BlockCache {
+    /// A cached block without touching its CLOCK bit or counters.
+    pub(crate) fn peek(&self, seg: u64, block: u32) -> Option<Rc<Block>> {
+        self.peek_entry(seg, block)
+    }
+}
+
+/// Index slots a new memtable starts with: enough for a small memtable,
+/// capped so an idle session does not hold a large empty table (the index
+/// doubles as it fills).
+fn initial_entries(cfg: &StoreConfig) -> usize {
+    (cfg.memtable_bytes() / 256).min(1 << 16)
+}
+
+fn finish_value(kind: ReadKind, base: Option<&[u8]>, operands: &[Vec<u8>]) -> Resolved {
+    match kind {
+        ReadKind::MapContains => Resolved::Contains(base.is_some() || !operands.is_empty()),
+        _ if base.is_none() && operands.is_empty() => Resolved::NotFound,
+        _ => Resolved::Owned(join(base, operands)),
+    }
+}
+
+fn finish_operands(kind: ReadKind, operands: &[Vec<u8>]) -> Resolved {
+    finish_value(kind, None, operands)
+}
+
+fn resolved_output(r: &Resolved) -> Output<'_> {
+    match r {
+        Resolved::NotFound => Output::Value(None),
+        Resolved::Contains(b) => Output::Contains(*b),
+        Resolved::Owned(v) => Output::Value(Some(v)),
+        Resolved::Block(b, range) => Output::Value(Some(&b.bytes()[range.clone()])),
+        Resolved::Page {
+            data,
+            entries,
+            last_key,
+            more,
+        } => Output::Page {
+            data,
+            entries: *entries,
+            last_key,
+            more: *more,
+        },
+    }
+}
+
+/// Reads `len` bytes at `off` and waits for them (used at open only).
+fn read_sync<I: Io>(
+    io: &mut I,
+    file: u32,
+    off: u64,
+    len: usize,
+    path: &Path,
+) -> Result<AlignedBuf, StoreError> {
+    io.read(file, off, AlignedBuf::zeroed(len), tag(TAG_OPEN, 0));
+    io.submit()
+        .map_err(|e| StoreError::io(path, "submit", &e))?;
+    let mut out = Vec::new();
+    loop {
+        io.reap(&mut out);
+        if let Some(i) = out.iter().position(|c| c.token == tag(TAG_OPEN, 0)) {
+            let c = out.swap_remove(i);
+            return match (c.result, c.buf) {
+                (Ok(n), Some(b)) if n == len => Ok(b),
+                (Ok(_), _) => Err(StoreError::Corrupt {
+                    path: path.display().to_string(),
+                    offset: off,
+                    what: "file shorter than its footer says (torn)",
+                }),
+                (Err(errno), _) => Err(StoreError::from_errno(path, "read", errno)),
+            };
+        }
+        io.wait(Some(Duration::from_millis(100)))
+            .map_err(|e| StoreError::io(path, "wait", &e))?;
+    }
+}
+
+const KGDEL_FILE: &str = "KGDELETES";
+
+fn load_kg_deletes(dir: &Path) -> Result<Vec<KgDelete>, StoreError> {
+    let path = dir.join(KGDEL_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::io(&path, "read", &e)),
+    };
+    let bad = |what| StoreError::Corrupt {
+        path: path.display().to_string(),
+        offset: 0,
+        what,
+    };
+    if bytes.len() < 8 || !(bytes.len() - 8).is_multiple_of(12) {
+        return Err(bad("key-group delete list has a bad length"));
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4")) {
+        return Err(bad("key-group delete list checksum mismatch"));
+    }
+    let count = u32::from_le_bytes(body[..4].try_into().expect("4")) as usize;
+    if count * 12 != body.len() - 4 {
+        return Err(bad("key-group delete list count does not match its length"));
+    }
+    Ok(body[4..]
+        .chunks_exact(12)
+        .map(|c| KgDelete {
+            lo: u16::from_le_bytes([c[0], c[1]]),
+            hi: u16::from_le_bytes([c[2], c[3]]),
+            max_order: u64::from_le_bytes(c[4..12].try_into().expect("8")),
+        })
+        .collect())
+}
+
+/// Persists the key-group deletes: written to a temporary file, synced,
+/// renamed over the old list (a rare operation: rescale).
+fn save_kg_deletes(dir: &Path, list: &[KgDelete]) -> Result<(), StoreError> {
+    use std::io::Write;
+    let path = dir.join(KGDEL_FILE);
+    let tmp = dir.join(format!("{KGDEL_FILE}.tmp"));
+    let mut body = Vec::new();
+    body.extend_from_slice(&(list.len() as u32).to_le_bytes());
+    for d in list {
+        body.extend_from_slice(&d.lo.to_le_bytes());
+        body.extend_from_slice(&d.hi.to_le_bytes());
+        body.extend_from_slice(&d.max_order.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    r.map_err(|e| StoreError::io(&path, "write", &e))
+}

@@ -1,0 +1,401 @@
+//! Point reads: memtables first, then segments through the block cache,
+//! with one shared block read for every read waiting on the same block.
+
+use super::*;
+
+impl<I: Io> Store<I> {
+    /// Submits one operation. Writes and reads that memory answers return
+    /// `Ready`; the rest complete through [`Store::poll`] with `token`.
+    pub fn submit(&mut self, token: u64, op: Op<'_>) -> Result<Submitted<'_>, StoreError> {
+        if !op.is_read() {
+            self.check_memory()?;
+            self.apply_write(&op)?;
+            self.after_write();
+            return Ok(Submitted::Ready(Output::Done));
+        }
+        if let Op::MapIter {
+            map,
+            mode,
+            after,
+            max_bytes,
+        } = op
+        {
+            return self.submit_iter(token, map, mode, after, max_bytes);
+        }
+        let (kind, key, base_len) = match op {
+            Op::Get(k) => (ReadKind::Get, encode(&k, None)?, 0),
+            Op::ListGet(k) => (ReadKind::ListGet, encode(&k, None)?, 0),
+            Op::MapGet(k, u) => {
+                let key = encode(&k, Some(u))?;
+                (
+                    ReadKind::MapGet,
+                    key,
+                    keys::HEADER_LEN + k.key.len() + 4 + k.namespace.len(),
+                )
+            }
+            Op::MapContains(k, u) => {
+                let key = encode(&k, Some(u))?;
+                (
+                    ReadKind::MapContains,
+                    key,
+                    keys::HEADER_LEN + k.key.len() + 4 + k.namespace.len(),
+                )
+            }
+            _ => unreachable!("is_read() covers exactly these"),
+        };
+        let h = bloom::hash(&key);
+        self.read_key(token, kind, key, h, base_len)
+    }
+
+    /// Looks up many keys at once: hashes and memtable slots of the whole
+    /// batch are fetched before any is waited on, so the memory latency of
+    /// a large working set overlaps across the batch. `out(i, result)` is
+    /// called for each op answered at once; the others complete via `poll`
+    /// with `tokens[i]`.
+    pub fn get_batch(
+        &mut self,
+        tokens: &[u64],
+        ops: &[Op<'_>],
+        mut out: impl FnMut(usize, Result<Submitted<'_>, StoreError>),
+    ) {
+        let mut encoded: Vec<(Vec<u8>, u64)> = Vec::with_capacity(ops.len());
+        for op in ops {
+            let k = match op {
+                Op::Get(k) => encode(k, None).unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            let h = bloom::hash(&k);
+            self.active.prefetch(h, false);
+            encoded.push((k, h));
+        }
+        for (_, h) in &encoded {
+            self.active.prefetch(*h, true);
+        }
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Get(_) = op {
+                let (key, h) = std::mem::take(&mut encoded[i]);
+                if key.is_empty() {
+                    out(i, self.submit(tokens[i], *op));
+                } else {
+                    out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0));
+                }
+            } else {
+                out(i, self.submit(tokens[i], *op));
+            }
+        }
+    }
+
+    pub(super) fn read_key(
+        &mut self,
+        token: u64,
+        kind: ReadKind,
+        key: Vec<u8>,
+        h: u64,
+        base_len: usize,
+    ) -> Result<Submitted<'_>, StoreError> {
+        let hb = if base_len > 0 {
+            bloom::hash(&key[..base_len])
+        } else {
+            0
+        };
+        let mut operands: Vec<Vec<u8>> = Vec::new();
+        // Memtables: the active one, then the frozen ones, newest first.
+        match self.mem_lookup(kind, &key, h, base_len, hb, &mut operands) {
+            Some(Immediate::ActiveValue(addr)) => {
+                let v = self.active.record(addr).value;
+                return Ok(Submitted::Ready(match kind {
+                    ReadKind::MapContains => Output::Contains(true),
+                    _ => Output::Value(Some(v)),
+                }));
+            }
+            Some(Immediate::Frozen(i, addr)) => {
+                let v = self.frozen[i].1.record(addr).value;
+                return Ok(Submitted::Ready(match kind {
+                    ReadKind::MapContains => Output::Contains(true),
+                    _ => Output::Value(Some(v)),
+                }));
+            }
+            Some(Immediate::Resolved(r)) => return Ok(Submitted::Ready(self.hold(r))),
+            None => {}
+        }
+        let mut layers: Vec<Rc<Segment>> = self.segments.iter().rev().cloned().collect();
+        if layers.is_empty() {
+            let r = finish_operands(kind, &operands);
+            return Ok(Submitted::Ready(self.hold(r)));
+        }
+        // Try to finish from the cache without allocating a pending slot.
+        let mut read = PendingRead {
+            token,
+            kind,
+            key,
+            h,
+            base_len,
+            hb,
+            layers: Vec::new(),
+            operands,
+            stage: 0,
+            hint: None,
+        };
+        std::mem::swap(&mut read.layers, &mut layers);
+        match self.advance(&mut read) {
+            Step::Done(r) => Ok(Submitted::Ready(self.hold(r))),
+            Step::Wait(seg, block) => {
+                let id = self.reads.insert(read);
+                self.fetch(seg, block, Some(id), None);
+                Ok(Submitted::Pending)
+            }
+        }
+    }
+
+    /// Keeps what an immediate output borrows alive until the next call.
+    pub(super) fn hold(&mut self, r: Resolved) -> Output<'_> {
+        match r {
+            Resolved::NotFound => Output::Value(None),
+            Resolved::Contains(b) => Output::Contains(b),
+            Resolved::Owned(v) => {
+                self.scratch = v;
+                Output::Value(Some(&self.scratch))
+            }
+            Resolved::Block(b, range) => {
+                let b = self.held_block.insert(b);
+                Output::Value(Some(&b.bytes()[range]))
+            }
+            Resolved::Page {
+                data,
+                entries,
+                last_key,
+                more,
+            } => {
+                self.scratch = data;
+                let split = self.scratch.len();
+                self.scratch.extend_from_slice(&last_key);
+                let (d, l) = self.scratch.split_at(split);
+                Output::Page {
+                    data: d,
+                    entries,
+                    last_key: l,
+                    more,
+                }
+            }
+        }
+    }
+
+    /// Consults the memtables. `Some` when they decide the read.
+    pub(super) fn mem_lookup(
+        &self,
+        kind: ReadKind,
+        key: &[u8],
+        h: u64,
+        base_len: usize,
+        hb: u64,
+        operands: &mut Vec<Vec<u8>>,
+    ) -> Option<Immediate> {
+        let layers = std::iter::once((u64::MAX, &self.active))
+            .chain(self.frozen.iter().map(|(o, m)| (*o, &**m)));
+        for (li, (order, mem)) in layers.enumerate() {
+            if order != u64::MAX && self.masked_order(order, key) {
+                // A key-group delete removed this and every older layer.
+                return Some(Immediate::Resolved(finish_operands(kind, operands)));
+            }
+            if let Some(addr) = mem.lookup_addr(key, h) {
+                let rec = mem.record(addr);
+                match rec.kind {
+                    Kind::Put if operands.is_empty() => {
+                        return Some(if kind == ReadKind::MapContains {
+                            Immediate::Resolved(Resolved::Contains(true))
+                        } else if li == 0 {
+                            Immediate::ActiveValue(addr)
+                        } else {
+                            Immediate::Frozen(li - 1, addr)
+                        });
+                    }
+                    Kind::Put | Kind::Delete | Kind::Clear | Kind::Merge => {
+                        // Walk the chain: operands until a Put or Delete.
+                        let mut cur = Some(addr);
+                        while let Some(a) = cur {
+                            let r = mem.record(a);
+                            match r.kind {
+                                Kind::Merge => {
+                                    operands.push(r.value.to_vec());
+                                    cur = r.prev;
+                                }
+                                Kind::Put => {
+                                    return Some(Immediate::Resolved(finish_value(
+                                        kind,
+                                        Some(r.value),
+                                        operands,
+                                    )));
+                                }
+                                Kind::Delete | Kind::Clear => {
+                                    return Some(Immediate::Resolved(finish_value(
+                                        kind, None, operands,
+                                    )));
+                                }
+                            }
+                        }
+                        // Chain ended inside this layer: older layers hold the base.
+                        continue;
+                    }
+                }
+            }
+            if base_len > 0
+                && let Some(r) = mem.lookup(&key[..base_len], hb)
+                && r.kind == Kind::Clear
+            {
+                return Some(Immediate::Resolved(finish_value(kind, None, operands)));
+            }
+        }
+        None
+    }
+
+    /// Evaluates a read against its remaining segments until it is decided
+    /// or needs a block that is not in memory.
+    pub(super) fn advance(&mut self, r: &mut PendingRead) -> Step {
+        while let Some(seg) = r.layers.last().cloned() {
+            if self.masked(&seg, &r.key) {
+                // A key-group delete removed this and every older layer.
+                return Step::Done(finish_operands(r.kind, &r.operands));
+            }
+            let (probe_len, ph) = if r.stage == 0 {
+                (r.key.len(), r.h)
+            } else {
+                (r.base_len, r.hb)
+            };
+            let probe = &r.key[..probe_len];
+            let mut next_layer = true;
+            if seg.may_contain(probe, ph) {
+                if let Some(bi) = seg.index.find(probe) {
+                    let block = match &r.hint {
+                        Some((sid, b, blk)) if *sid == seg.id && *b as usize == bi => {
+                            Some(blk.clone())
+                        }
+                        _ => self.cache.get(seg.id, bi as u32),
+                    };
+                    let Some(block) = block else {
+                        return Step::Wait(seg, bi as u32);
+                    };
+                    let view = block.view();
+                    if let Some(rec) = view.find(probe) {
+                        match (r.stage, rec.kind) {
+                            (0, Kind::Put) => {
+                                if r.operands.is_empty() && r.kind != ReadKind::MapContains {
+                                    let range = view.value_range(&rec);
+                                    return Step::Done(Resolved::Block(block.clone(), range));
+                                }
+                                return Step::Done(finish_value(
+                                    r.kind,
+                                    Some(rec.value),
+                                    &r.operands,
+                                ));
+                            }
+                            (0, Kind::Delete) | (0, Kind::Clear) => {
+                                return Step::Done(finish_value(r.kind, None, &r.operands));
+                            }
+                            (0, Kind::Merge) => {
+                                r.operands.push(rec.value.to_vec());
+                            }
+                            (_, Kind::Clear) => {
+                                return Step::Done(finish_value(r.kind, None, &r.operands));
+                            }
+                            _ => {}
+                        }
+                    } else if r.stage == 0 && r.base_len > 0 {
+                        next_layer = false;
+                    }
+                } else if r.stage == 0 && r.base_len > 0 {
+                    next_layer = false;
+                }
+            } else if r.stage == 0 && r.base_len > 0 {
+                next_layer = false;
+            }
+            if next_layer || r.stage == 1 {
+                r.layers.pop();
+                r.stage = 0;
+            } else {
+                r.stage = 1;
+            }
+        }
+        Step::Done(finish_operands(r.kind, &r.operands))
+    }
+
+    pub(super) fn fetch(
+        &mut self,
+        seg: Rc<Segment>,
+        block: u32,
+        read: Option<usize>,
+        iter: Option<usize>,
+    ) {
+        if let Some(&fi) = self.fetch_index.get(&(seg.id, block)) {
+            let f = &mut self.fetches[fi];
+            f.reads.extend(read);
+            f.iters.extend(iter);
+            return;
+        }
+        let (off, len) = seg.index.block(block as usize);
+        let file = seg.file;
+        let fi = self.fetches.insert(Fetch {
+            seg: seg.clone(),
+            block,
+            reads: read.into_iter().collect(),
+            iters: iter.into_iter().collect(),
+        });
+        self.fetch_index.insert((seg.id, block), fi);
+        self.stats.block_reads += 1;
+        self.io.read(
+            file,
+            off,
+            AlignedBuf::zeroed(len as usize),
+            tag(TAG_FETCH, fi as u64),
+        );
+    }
+
+    pub(super) fn fetch_done(&mut self, fi: usize, c: IoCompletion) {
+        let f = self.fetches.remove(fi);
+        self.fetch_index.remove(&(f.seg.id, f.block));
+        let (off, len) = f.seg.index.block(f.block as usize);
+        let result = match (c.result, c.buf) {
+            (Ok(n), Some(buf)) if n == len as usize => Block::parse(buf)
+                .map(Rc::new)
+                .map_err(|m| corrupt(&f.seg, off, m.0)),
+            (Ok(_), _) => Err(corrupt(
+                &f.seg,
+                off,
+                "short read: block beyond the end of the file",
+            )),
+            (Err(errno), _) => Err(StoreError::from_errno(&f.seg.path, "read", errno)),
+        };
+        match result {
+            Ok(block) => {
+                self.cache.insert(f.seg.id, f.block, block.clone());
+                for id in f.reads {
+                    let mut r = self.reads.remove(id);
+                    r.hint = Some((f.seg.id, f.block, block.clone()));
+                    match self.advance(&mut r) {
+                        Step::Done(res) => self.done.push_back((r.token, Ok(res))),
+                        Step::Wait(seg, b) => {
+                            r.hint = None;
+                            let id = self.reads.insert(r);
+                            self.fetch(seg, b, Some(id), None);
+                        }
+                    }
+                }
+                for id in f.iters {
+                    self.iters[id]
+                        .pinned
+                        .insert((f.seg.id, f.block), block.clone());
+                    self.run_iter(id);
+                }
+            }
+            Err(e) => {
+                for id in f.reads {
+                    let r = self.reads.remove(id);
+                    self.done.push_back((r.token, Err(e.clone())));
+                }
+                for id in f.iters {
+                    let it = self.iters.remove(id);
+                    self.done.push_back((it.token, Err(e.clone())));
+                }
+            }
+        }
+    }
+}

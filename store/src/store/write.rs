@@ -1,0 +1,172 @@
+//! Writes: applied to the active memtable at once; a full memtable is frozen.
+
+use super::*;
+
+impl<I: Io> Store<I> {
+    pub(super) fn check_memory(&self) -> Result<(), StoreError> {
+        if let Some(e) = &self.stats.last_background_error {
+            let m = self.memory();
+            if m.memtables > self.cfg.memory_budget {
+                return Err(StoreError::OverBudget {
+                    used: m.memtables,
+                    budget: self.cfg.memory_budget,
+                    cause: e.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn apply_write(&mut self, op: &Op<'_>) -> Result<(), StoreError> {
+        match *op {
+            Op::Put(k, v) => {
+                let key = encode(&k, None)?;
+                check_value(v)?;
+                self.active.write(Kind::Put, &key, bloom::hash(&key), v);
+            }
+            Op::Delete(k) => {
+                let key = encode(&k, None)?;
+                self.active
+                    .write(Kind::Delete, &key, bloom::hash(&key), &[]);
+            }
+            Op::ListAppend(k, e) => {
+                let key = encode(&k, None)?;
+                check_value(e)?;
+                self.scratch.clear();
+                encode_element(&mut self.scratch, e);
+                let operand = std::mem::take(&mut self.scratch);
+                self.active.merge(&key, bloom::hash(&key), &operand);
+                self.scratch = operand;
+            }
+            Op::ListReplace(k, list) => {
+                let key = encode(&k, None)?;
+                check_value(list)?;
+                crate::ops::check_elements(list)
+                    .ok_or(StoreError::Invalid("malformed element list"))?;
+                let kind = if list.is_empty() {
+                    Kind::Delete
+                } else {
+                    Kind::Put
+                };
+                self.active.write(kind, &key, bloom::hash(&key), list);
+            }
+            Op::MapPut(k, u, v) => {
+                let key = encode(&k, Some(u))?;
+                check_value(v)?;
+                self.active.write(Kind::Put, &key, bloom::hash(&key), v);
+                self.active.note_map_key(&key);
+            }
+            Op::MapRemove(k, u) => {
+                let key = encode(&k, Some(u))?;
+                self.active
+                    .write(Kind::Delete, &key, bloom::hash(&key), &[]);
+                self.active.note_map_key(&key);
+            }
+            Op::Clear(k, kind) => {
+                let key = encode(&k, None)?;
+                match kind {
+                    StateKind::Map => self.active.clear_map(&key),
+                    StateKind::Value | StateKind::List => {
+                        self.active
+                            .write(Kind::Delete, &key, bloom::hash(&key), &[])
+                    }
+                }
+            }
+            Op::DeleteKeyGroups { lo, hi } => {
+                if lo > hi {
+                    return Err(StoreError::Invalid("key-group range with lo > hi"));
+                }
+                self.delete_key_groups(lo, hi)?;
+            }
+            _ => return Err(StoreError::Invalid("not a write")),
+        }
+        Ok(())
+    }
+
+    pub(super) fn delete_key_groups(&mut self, lo: u16, hi: u16) -> Result<(), StoreError> {
+        // Every older layer (frozen memtables and segments, which already
+        // have orders) is masked; the mask is durable before anything
+        // changes, so a failure leaves the store as it was. Then the active
+        // memtable drops its records.
+        let max_order = self.next_order - 1;
+        self.kg_deletes.push(KgDelete { lo, hi, max_order });
+        if let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes) {
+            self.kg_deletes.pop();
+            return Err(e);
+        }
+        self.active.delete_key_groups(lo, hi);
+        Ok(())
+    }
+
+    /// Forgets key-group deletes that no layer is old enough to be under.
+    pub(super) fn prune_kg_deletes(&mut self) {
+        let oldest = self
+            .segments
+            .iter()
+            .map(|s| s.footer.order)
+            .chain(self.frozen.iter().map(|(o, _)| *o))
+            .chain(self.retired.iter().map(|s| s.footer.order))
+            .min()
+            .unwrap_or(u64::MAX);
+        let before = self.kg_deletes.len();
+        self.kg_deletes.retain(|d| d.max_order >= oldest);
+        if self.kg_deletes.len() != before
+            && let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes)
+        {
+            self.stats.last_background_error = Some(e);
+        }
+    }
+
+    pub(super) fn after_write(&mut self) {
+        if self.active.log_bytes() >= self.cfg.memtable_bytes() {
+            self.freeze();
+        }
+    }
+
+    pub(super) fn freeze(&mut self) {
+        let entries = initial_entries(&self.cfg);
+        if self.active.is_empty() {
+            return;
+        }
+        let m = std::mem::replace(&mut self.active, Memtable::new(entries));
+        let order = self.next_order;
+        self.next_order += 1;
+        self.frozen.insert(0, (order, Rc::new(m)));
+        self.rebalance_cache();
+    }
+
+    /// Applies all writes of `batch` or none: every operation is checked
+    /// first, then all are applied before any read can observe them.
+    pub fn write_batch(&mut self, batch: &[Op<'_>]) -> Result<(), StoreError> {
+        self.check_memory()?;
+        for op in batch {
+            match *op {
+                Op::Put(k, v) | Op::ListAppend(k, v) | Op::ListReplace(k, v) => {
+                    encode(&k, None)?;
+                    check_value(v)?;
+                    if let Op::ListReplace(_, l) = op {
+                        crate::ops::check_elements(l)
+                            .ok_or(StoreError::Invalid("malformed element list"))?;
+                    }
+                }
+                Op::Delete(k) | Op::Clear(k, _) => {
+                    encode(&k, None)?;
+                }
+                Op::MapPut(k, u, v) => {
+                    encode(&k, Some(u))?;
+                    check_value(v)?;
+                }
+                Op::MapRemove(k, u) => {
+                    encode(&k, Some(u))?;
+                }
+                Op::DeleteKeyGroups { lo, hi } if lo <= hi => {}
+                _ => return Err(StoreError::Invalid("a batch holds only writes")),
+            }
+        }
+        for op in batch {
+            self.apply_write(op)?;
+        }
+        self.after_write();
+        Ok(())
+    }
+}
