@@ -156,14 +156,16 @@ impl Reporter {
             );
             self.header_done = true;
         }
+        let extra: Vec<String> = c.extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
-            "{:<34} {:>10} {:>9} {:>9} {:>9} {:>9}",
+            "{:<34} {:>10} {:>9} {:>9} {:>9} {:>9}  {}",
             c.case,
             fmt_ops(c.ops_per_sec),
             fmt_ns(c.p(0.5)),
             fmt_ns(c.p(0.99)),
             fmt_ns(c.p(0.999)),
-            fmt_ns(c.latency_ns.as_ref().map(|h| h.max()))
+            fmt_ns(c.latency_ns.as_ref().map(|h| h.max())),
+            extra.join(" ")
         );
     }
 

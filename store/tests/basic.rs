@@ -153,6 +153,18 @@ fn exercise<I: Io>(io: I, dir: &std::path::Path) {
         run(&mut s, Op::MapGet(mk, &[1])).unwrap(),
         Owned::Value(Some(b"new".to_vec()))
     );
+    // A major compaction leaves one segment and loses nothing.
+    s.compact_all();
+    s.settle();
+    assert_eq!(s.stats().segments, 1);
+    assert_eq!(
+        run(&mut s, Op::MapGet(mk, &[1])).unwrap(),
+        Owned::Value(Some(b"new".to_vec()))
+    );
+    assert_eq!(
+        run(&mut s, Op::Get(k(5, &5u32.to_be_bytes()))).unwrap(),
+        Owned::Value(Some(vec![5; 100]))
+    );
     drop(s);
     // Reopen: everything flushed is there.
     let (mut s, rep) = Store::open(cfg, SyncIo::new(true)).unwrap();

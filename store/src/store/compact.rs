@@ -4,15 +4,24 @@ use super::*;
 
 impl<I: Io> Store<I> {
     pub(super) fn maybe_start_compaction(&mut self) {
-        let t = self.cfg.compaction_trigger.max(2);
-        if self.segments.len() < t {
+        let mut t = self.cfg.compaction_trigger.max(2);
+        let full = self.full_compaction_requested && self.segments.len() >= 2;
+        if full {
+            // A requested major compaction: every segment into one.
+            self.full_compaction_requested = false;
+            t = self.segments.len();
+        } else if self.segments.len() < t {
+            self.full_compaction_requested = false;
             return;
         }
         // The newest window of `t` adjacent segments of similar size
         // (size-tiered: write amplification grows with log(data)).
         let sizes: Vec<u64> = self.segments.iter().map(|s| s.file_len.max(1)).collect();
-        let mut window = None;
+        let mut window = full.then_some(0);
         for start in 0..=sizes.len() - t {
+            if window.is_some() {
+                break;
+            }
             let w = &sizes[start..start + t];
             let (lo, hi) = (
                 *w.iter().min().expect("t >= 2"),

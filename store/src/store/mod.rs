@@ -278,6 +278,8 @@ pub struct Store<I: Io> {
     awaiting_dir_sync: Vec<Rc<Segment>>,
     dir_sync_in_flight: bool,
     dir_file: Option<crate::io::FileId>,
+    /// `compact_all` was called: the next compaction takes every segment.
+    full_compaction_requested: bool,
     cache: BlockCache,
     reads: Slab<PendingRead>,
     iters: Slab<PendingIter>,
@@ -481,6 +483,7 @@ impl<I: Io> Store<I> {
             awaiting_dir_sync: Vec::new(),
             dir_sync_in_flight: false,
             dir_file: None,
+            full_compaction_requested: false,
             reads: Slab::new(),
             iters: Slab::new(),
             fetches: Slab::new(),
@@ -586,6 +589,13 @@ impl<I: Io> Store<I> {
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
+            || (self.full_compaction_requested && self.segments.len() >= 2)
+    }
+
+    /// Requests a major compaction: once the running background work is
+    /// done, every segment is merged into one (run it with `poll`/`settle`).
+    pub fn compact_all(&mut self) {
+        self.full_compaction_requested = true;
     }
 
     /// The cache gets whatever the budget leaves after memtables and
