@@ -13,16 +13,9 @@ use rocksdb::{
 };
 
 use crate::report::{Case, Reporter, histogram};
-use crate::store::StoreArgs;
+use crate::store::{Rng, StoreArgs, raw_key as key};
 
 const SUITE: &str = "store";
-
-fn key(i: u64) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..2].copy_from_slice(&((i % 128) as u16).to_be_bytes());
-    k[8..].copy_from_slice(&i.to_be_bytes());
-    k
-}
 
 fn open(path: &std::path::Path, cache_bytes: usize, partitioned: bool) -> DB {
     let mut bo = BlockBasedOptions::default();
@@ -52,19 +45,6 @@ fn write_opts() -> WriteOptions {
     let mut w = WriteOptions::default();
     w.disable_wal(true);
     w
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
-    }
 }
 
 /// In-memory: returns (get ops/s, put ops/s).

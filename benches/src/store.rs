@@ -56,22 +56,22 @@ pub struct StoreArgs {
 }
 
 /// xorshift64*: fast, seeded, the same sequence for every system.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         ((self.next() as u128 * n as u128) >> 64) as u64
     }
 }
 
 /// The 16-byte key of item `i`: key group (BE u16), 6 zero bytes, `i` (BE u64).
-fn raw_key(i: u64) -> [u8; 16] {
+pub fn raw_key(i: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
     k[..2].copy_from_slice(&((i % MAX_PARALLELISM) as u16).to_be_bytes());
     k[8..].copy_from_slice(&i.to_be_bytes());

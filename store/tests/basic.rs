@@ -1,7 +1,11 @@
 //! End-to-end behaviour of the store over each I/O layer.
 
+mod common;
+
+use common::{Owned, run};
+
 use stator_store::io::{Io, SyncIo, UringIo};
-use stator_store::{IterMode, KeyRef, Op, Output, StateKind, Store, StoreConfig, Submitted};
+use stator_store::{IterMode, KeyRef, Op, StateKind, Store, StoreConfig};
 
 fn k(kg: u16, key: &[u8]) -> KeyRef<'_> {
     KeyRef {
@@ -9,47 +13,6 @@ fn k(kg: u16, key: &[u8]) -> KeyRef<'_> {
         state: 1,
         key,
         namespace: b"",
-    }
-}
-
-/// Runs an op to completion and returns an owned copy of its output.
-fn run<I: Io>(s: &mut Store<I>, op: Op<'_>) -> Result<Owned, stator_store::StoreError> {
-    match s.submit(1, op)? {
-        Submitted::Ready(o) => Ok(Owned::from(o)),
-        Submitted::Pending => {
-            let mut got = None;
-            while got.is_none() {
-                s.poll(|_, r| got = Some(r.map(Owned::from)));
-                if got.is_none() {
-                    s.wait(Some(std::time::Duration::from_millis(10))).unwrap();
-                }
-            }
-            got.unwrap()
-        }
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum Owned {
-    Done,
-    Value(Option<Vec<u8>>),
-    Contains(bool),
-    Page(Vec<u8>, u32, Vec<u8>, bool),
-}
-
-impl From<Output<'_>> for Owned {
-    fn from(o: Output<'_>) -> Owned {
-        match o {
-            Output::Done => Owned::Done,
-            Output::Value(v) => Owned::Value(v.map(|v| v.to_vec())),
-            Output::Contains(b) => Owned::Contains(b),
-            Output::Page {
-                data,
-                entries,
-                last_key,
-                more,
-            } => Owned::Page(data.to_vec(), entries, last_key.to_vec(), more),
-        }
     }
 }
 

@@ -297,6 +297,9 @@ pub struct Store<I: Io> {
     /// Holds what an immediate `Output` borrows.
     scratch: Vec<u8>,
     held_block: Option<Rc<Block>>,
+    /// Reused by `get_batch`: the batch's encoded keys and their spans.
+    batch_keys: Vec<u8>,
+    batch_spans: Vec<(usize, usize, u64)>,
 }
 
 /// Keys and values larger than this are refused.
@@ -335,6 +338,62 @@ fn encode(k: &KeyRef<'_>, user_key: Option<&[u8]>) -> Result<Vec<u8>, StoreError
         });
     }
     Ok(out)
+}
+
+/// An encoded key: on the stack when it fits (the common case), so that a
+/// read answered from memory allocates nothing.
+struct KeyBuf {
+    inline: [u8; KeyBuf::INLINE],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl KeyBuf {
+    const INLINE: usize = 128;
+
+    fn encode(k: &KeyRef<'_>, user_key: Option<&[u8]>) -> Result<KeyBuf, StoreError> {
+        check_key(k)?;
+        let u = user_key.unwrap_or_default();
+        let len = keys::HEADER_LEN + k.key.len() + 4 + k.namespace.len() + u.len();
+        if len > keys::MAX_KEY_LEN {
+            return Err(StoreError::TooLarge {
+                what: "encoded key",
+                len,
+                max: keys::MAX_KEY_LEN,
+            });
+        }
+        let mut b = KeyBuf {
+            inline: [0; KeyBuf::INLINE],
+            len,
+            heap: Vec::new(),
+        };
+        if len > KeyBuf::INLINE {
+            b.heap = encode(k, user_key)?;
+            return Ok(b);
+        }
+        let mut at = 0;
+        for part in [
+            &k.key_group.to_be_bytes()[..],
+            &k.state.to_be_bytes(),
+            &(k.key.len() as u32).to_be_bytes(),
+            k.key,
+            &(k.namespace.len() as u32).to_be_bytes(),
+            k.namespace,
+            u,
+        ] {
+            b.inline[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Ok(b)
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        if self.len > KeyBuf::INLINE {
+            &self.heap
+        } else {
+            &self.inline[..self.len]
+        }
+    }
 }
 
 fn check_value(v: &[u8]) -> Result<(), StoreError> {
@@ -499,6 +558,8 @@ impl<I: Io> Store<I> {
             completions: Vec::new(),
             scratch: Vec::new(),
             held_block: None,
+            batch_keys: Vec::new(),
+            batch_spans: Vec::new(),
         };
         store.rebalance_cache();
         Ok((store, report))

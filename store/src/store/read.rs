@@ -22,11 +22,13 @@ impl<I: Io> Store<I> {
         {
             return self.submit_iter(token, map, mode, after, max_bytes);
         }
+        // Keys are encoded on the stack: a read that memory answers
+        // allocates nothing.
         let (kind, key, base_len) = match op {
-            Op::Get(k) => (ReadKind::Get, encode(&k, None)?, 0),
-            Op::ListGet(k) => (ReadKind::ListGet, encode(&k, None)?, 0),
+            Op::Get(k) => (ReadKind::Get, KeyBuf::encode(&k, None)?, 0),
+            Op::ListGet(k) => (ReadKind::ListGet, KeyBuf::encode(&k, None)?, 0),
             Op::MapGet(k, u) => {
-                let key = encode(&k, Some(u))?;
+                let key = KeyBuf::encode(&k, Some(u))?;
                 (
                     ReadKind::MapGet,
                     key,
@@ -34,7 +36,7 @@ impl<I: Io> Store<I> {
                 )
             }
             Op::MapContains(k, u) => {
-                let key = encode(&k, Some(u))?;
+                let key = KeyBuf::encode(&k, Some(u))?;
                 (
                     ReadKind::MapContains,
                     key,
@@ -43,8 +45,8 @@ impl<I: Io> Store<I> {
             }
             _ => unreachable!("is_read() covers exactly these"),
         };
-        let h = bloom::hash(&key);
-        self.read_key(token, kind, key, h, base_len)
+        let h = bloom::hash(key.as_slice());
+        self.read_key(token, kind, key.as_slice(), h, base_len)
     }
 
     /// Looks up many keys at once: hashes and memtable slots of the whole
@@ -58,38 +60,51 @@ impl<I: Io> Store<I> {
         ops: &[Op<'_>],
         mut out: impl FnMut(usize, Result<Submitted<'_>, StoreError>),
     ) {
-        let mut encoded: Vec<(Vec<u8>, u64)> = Vec::with_capacity(ops.len());
+        // All keys of the batch in one reused buffer: (start, end, hash).
+        let mut keys = std::mem::take(&mut self.batch_keys);
+        let mut spans = std::mem::take(&mut self.batch_spans);
+        keys.clear();
+        spans.clear();
         for op in ops {
-            let k = match op {
-                Op::Get(k) => encode(k, None).unwrap_or_default(),
-                _ => Vec::new(),
-            };
-            let h = bloom::hash(&k);
-            self.active.prefetch(h, false);
-            encoded.push((k, h));
+            let start = keys.len();
+            if let Op::Get(k) = op {
+                if check_key(k).is_ok() {
+                    keys::encode_base(&mut keys, k.key_group, k.state, k.key, k.namespace);
+                }
+            }
+            let h = bloom::hash(&keys[start..]);
+            if keys.len() > start {
+                self.active.prefetch(h, false);
+            }
+            spans.push((start, keys.len(), h));
         }
-        for (_, h) in &encoded {
-            self.active.prefetch(*h, true);
+        for &(start, end, h) in &spans {
+            if end > start {
+                self.active.prefetch(h, true);
+            }
         }
         for (i, op) in ops.iter().enumerate() {
-            if let Op::Get(_) = op {
-                let (key, h) = std::mem::take(&mut encoded[i]);
-                if key.is_empty() {
-                    out(i, self.submit(tokens[i], *op));
-                } else {
-                    out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0));
-                }
+            let (start, end, h) = spans[i];
+            if end > start && end - start <= keys::MAX_KEY_LEN {
+                out(
+                    i,
+                    self.read_key(tokens[i], ReadKind::Get, &keys[start..end], h, 0),
+                );
             } else {
+                // Not a get, or a key the checks refuse: the general path
+                // gives the right result or error.
                 out(i, self.submit(tokens[i], *op));
             }
         }
+        self.batch_keys = keys;
+        self.batch_spans = spans;
     }
 
     pub(super) fn read_key(
         &mut self,
         token: u64,
         kind: ReadKind,
-        key: Vec<u8>,
+        key: &[u8],
         h: u64,
         base_len: usize,
     ) -> Result<Submitted<'_>, StoreError> {
@@ -100,7 +115,7 @@ impl<I: Io> Store<I> {
         };
         let mut operands: Vec<Vec<u8>> = Vec::new();
         // Memtables: the active one, then the frozen ones, newest first.
-        match self.mem_lookup(kind, &key, h, base_len, hb, &mut operands) {
+        match self.mem_lookup(kind, key, h, base_len, hb, &mut operands) {
             Some(Immediate::ActiveValue(addr)) => {
                 let v = self.active.record(addr).value;
                 return Ok(Submitted::Ready(match kind {
@@ -127,7 +142,7 @@ impl<I: Io> Store<I> {
         let mut read = PendingRead {
             token,
             kind,
-            key,
+            key: key.to_vec(),
             h,
             base_len,
             hb,
