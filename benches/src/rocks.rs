@@ -38,7 +38,9 @@ fn open(path: &std::path::Path, cache_bytes: usize, partitioned: bool) -> DB {
     o.set_max_write_buffer_number(2);
     o.set_use_direct_reads(partitioned);
     o.set_max_background_jobs(1);
-    DB::open(&o, path).expect("open rocksdb")
+    // Opened with its column family named, so `cf_handle("default")`
+    // works for batched multi-get.
+    DB::open_cf(&o, path, ["default"]).expect("open rocksdb")
 }
 
 fn write_opts() -> WriteOptions {

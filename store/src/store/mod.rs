@@ -688,11 +688,12 @@ impl BlockCache {
     }
 }
 
-/// Index slots a new memtable starts with: enough for a small memtable,
-/// capped so an idle session does not hold a large empty table (the index
-/// doubles as it fills).
+/// Index entries a new memtable starts with: room for records of 256 bytes
+/// on average (growing the index rehashes it, a stall on the write path),
+/// capped at 4 M entries (64 MiB of slots) beyond which it doubles as it
+/// fills.
 fn initial_entries(cfg: &StoreConfig) -> usize {
-    (cfg.memtable_bytes() / 256).min(1 << 16)
+    (cfg.memtable_bytes() / 256).min(1 << 22)
 }
 
 fn finish_value(kind: ReadKind, base: Option<&[u8]>, operands: &[Vec<u8>]) -> Resolved {

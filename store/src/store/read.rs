@@ -67,10 +67,10 @@ impl<I: Io> Store<I> {
         spans.clear();
         for op in ops {
             let start = keys.len();
-            if let Op::Get(k) = op {
-                if check_key(k).is_ok() {
-                    keys::encode_base(&mut keys, k.key_group, k.state, k.key, k.namespace);
-                }
+            if let Op::Get(k) = op
+                && check_key(k).is_ok()
+            {
+                keys::encode_base(&mut keys, k.key_group, k.state, k.key, k.namespace);
             }
             let h = bloom::hash(&keys[start..]);
             if keys.len() > start {

@@ -20,26 +20,29 @@ impl<I: Io> Store<I> {
     pub(super) fn apply_write(&mut self, op: &Op<'_>) -> Result<(), StoreError> {
         match *op {
             Op::Put(k, v) => {
-                let key = encode(&k, None)?;
+                let kb = KeyBuf::encode(&k, None)?;
+                let key = kb.as_slice();
                 check_value(v)?;
-                self.active.write(Kind::Put, &key, bloom::hash(&key), v);
+                self.active.write(Kind::Put, key, bloom::hash(key), v);
             }
             Op::Delete(k) => {
-                let key = encode(&k, None)?;
-                self.active
-                    .write(Kind::Delete, &key, bloom::hash(&key), &[]);
+                let kb = KeyBuf::encode(&k, None)?;
+                let key = kb.as_slice();
+                self.active.write(Kind::Delete, key, bloom::hash(key), &[]);
             }
             Op::ListAppend(k, e) => {
-                let key = encode(&k, None)?;
+                let kb = KeyBuf::encode(&k, None)?;
+                let key = kb.as_slice();
                 check_value(e)?;
                 self.scratch.clear();
                 encode_element(&mut self.scratch, e);
                 let operand = std::mem::take(&mut self.scratch);
-                self.active.merge(&key, bloom::hash(&key), &operand);
+                self.active.merge(key, bloom::hash(key), &operand);
                 self.scratch = operand;
             }
             Op::ListReplace(k, list) => {
-                let key = encode(&k, None)?;
+                let kb = KeyBuf::encode(&k, None)?;
+                let key = kb.as_slice();
                 check_value(list)?;
                 crate::ops::check_elements(list)
                     .ok_or(StoreError::Invalid("malformed element list"))?;
@@ -48,27 +51,28 @@ impl<I: Io> Store<I> {
                 } else {
                     Kind::Put
                 };
-                self.active.write(kind, &key, bloom::hash(&key), list);
+                self.active.write(kind, key, bloom::hash(key), list);
             }
             Op::MapPut(k, u, v) => {
-                let key = encode(&k, Some(u))?;
+                let kb = KeyBuf::encode(&k, Some(u))?;
+                let key = kb.as_slice();
                 check_value(v)?;
-                self.active.write(Kind::Put, &key, bloom::hash(&key), v);
-                self.active.note_map_key(&key);
+                self.active.write(Kind::Put, key, bloom::hash(key), v);
+                self.active.note_map_key(key);
             }
             Op::MapRemove(k, u) => {
-                let key = encode(&k, Some(u))?;
-                self.active
-                    .write(Kind::Delete, &key, bloom::hash(&key), &[]);
-                self.active.note_map_key(&key);
+                let kb = KeyBuf::encode(&k, Some(u))?;
+                let key = kb.as_slice();
+                self.active.write(Kind::Delete, key, bloom::hash(key), &[]);
+                self.active.note_map_key(key);
             }
             Op::Clear(k, kind) => {
-                let key = encode(&k, None)?;
+                let kb = KeyBuf::encode(&k, None)?;
+                let key = kb.as_slice();
                 match kind {
-                    StateKind::Map => self.active.clear_map(&key),
+                    StateKind::Map => self.active.clear_map(key),
                     StateKind::Value | StateKind::List => {
-                        self.active
-                            .write(Kind::Delete, &key, bloom::hash(&key), &[])
+                        self.active.write(Kind::Delete, key, bloom::hash(key), &[])
                     }
                 }
             }
