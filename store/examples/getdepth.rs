@@ -1,0 +1,52 @@
+//! Diagnostic: random gets through a `Store` at a given depth, with the
+//! CPU time they cost. `cargo run --release -p stator-store --example
+//! getdepth -- DIR KEYS DEPTH SECS` (DIR from `stator-bench store --reuse`).
+use std::time::{Duration, Instant};
+
+use stator_store::io::UringIo;
+use stator_store::{KeyRef, Op, Store, StoreConfig, Submitted};
+
+fn cpu() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(r.ru_utime) + t(r.ru_stime)
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let (dir, n, depth, secs): (&str, u64, usize, u64) = (&a[1], a[2].parse().unwrap(), a[3].parse().unwrap(), a[4].parse().unwrap());
+    let (mut s, _) = Store::open(StoreConfig::new(dir, 256 << 20), UringIo::new(1024, true).unwrap()).unwrap();
+    s.settle();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut pending = 0usize;
+    let mut done = 0u64;
+    let c0 = cpu();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(secs) {
+        while pending < depth {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = x % n;
+            let kb = i.to_be_bytes();
+            let k = KeyRef { key_group: (i % 128) as u16, state: 1, key: &kb, namespace: b"" };
+            match s.submit(0, Op::Get(k)).unwrap() {
+                Submitted::Pending => pending += 1,
+                Submitted::Ready(_) => done += 1,
+            }
+        }
+        let got = s.poll(|_, r| {
+            r.unwrap();
+        });
+        pending -= got;
+        done += got as u64;
+        if got == 0 {
+            s.wait(Some(Duration::from_millis(1))).unwrap();
+        }
+    }
+    let el = t.elapsed().as_secs_f64();
+    println!("depth {depth}: {:.0} gets/s, cpu {:.0}%", done as f64 / el, (cpu() - c0) / el * 100.0);
+}
