@@ -17,8 +17,17 @@ fn cpu() -> f64 {
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    let (dir, n, depth, secs): (&str, u64, usize, u64) = (&a[1], a[2].parse().unwrap(), a[3].parse().unwrap(), a[4].parse().unwrap());
-    let (mut s, _) = Store::open(StoreConfig::new(dir, 256 << 20), UringIo::new(1024, true).unwrap()).unwrap();
+    let (dir, n, depth, secs): (&str, u64, usize, u64) = (
+        &a[1],
+        a[2].parse().unwrap(),
+        a[3].parse().unwrap(),
+        a[4].parse().unwrap(),
+    );
+    let (mut s, _) = Store::open(
+        StoreConfig::new(dir, 256 << 20),
+        UringIo::new(1024, true).unwrap(),
+    )
+    .unwrap();
     s.settle();
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     let mut pending = 0usize;
@@ -32,7 +41,12 @@ fn main() {
             x ^= x << 17;
             let i = x % n;
             let kb = i.to_be_bytes();
-            let k = KeyRef { key_group: (i % 128) as u16, state: 1, key: &kb, namespace: b"" };
+            let k = KeyRef {
+                key_group: (i % 128) as u16,
+                state: 1,
+                key: &kb,
+                namespace: b"",
+            };
             match s.submit(0, Op::Get(k)).unwrap() {
                 Submitted::Pending => pending += 1,
                 Submitted::Ready(_) => done += 1,
@@ -48,5 +62,9 @@ fn main() {
         }
     }
     let el = t.elapsed().as_secs_f64();
-    println!("depth {depth}: {:.0} gets/s, cpu {:.0}%", done as f64 / el, (cpu() - c0) / el * 100.0);
+    println!(
+        "depth {depth}: {:.0} gets/s, cpu {:.0}%",
+        done as f64 / el,
+        (cpu() - c0) / el * 100.0
+    );
 }

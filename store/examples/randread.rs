@@ -7,7 +7,8 @@ use stator_store::io::{Io, OpenMode, UringIo};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    let (file, depth, secs): (&str, usize, u64) = (&a[1], a[2].parse().unwrap(), a[3].parse().unwrap());
+    let (file, depth, secs): (&str, usize, u64) =
+        (&a[1], a[2].parse().unwrap(), a[3].parse().unwrap());
     let mut io = UringIo::new(1024, true).unwrap();
     let f = io.open(std::path::Path::new(file), OpenMode::Read).unwrap();
     let pages = io.file_len(f).unwrap() / 4096;
@@ -39,5 +40,8 @@ fn main() {
             done += 1;
         }
     }
-    println!("depth {depth}: {:.0} reads/s", done as f64 / t.elapsed().as_secs_f64());
+    println!(
+        "depth {depth}: {:.0} reads/s",
+        done as f64 / t.elapsed().as_secs_f64()
+    );
 }
