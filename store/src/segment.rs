@@ -149,6 +149,7 @@ pub struct SegmentWriter {
     token: u64,
     filter: Option<Bloom>,
     footer_page: Option<(u64, AlignedBuf)>,
+    fsync_issued: bool,
 }
 
 impl SegmentWriter {
@@ -189,6 +190,7 @@ impl SegmentWriter {
             token,
             filter: None,
             footer_page: None,
+            fsync_issued: false,
         })
     }
 
@@ -291,11 +293,35 @@ impl SegmentWriter {
         self.filter = Some(filter);
     }
 
-    /// Call after the first fsync (data, filter and index durable): writes
-    /// the footer page and returns true, so the caller fsyncs once more.
-    /// Returns false when the footer was already written (the file is
-    /// complete after that second fsync).
-    pub fn write_footer<I: Io>(&mut self, io: &mut I) -> bool {
+    /// Once every write is acknowledged, issues the next fsync (tagged
+    /// `token`); does nothing while writes or an fsync are in flight. An
+    /// error means a write failed and the file must be abandoned.
+    pub fn sync_if_written<I: Io>(&mut self, io: &mut I, token: u64) -> Result<(), StoreError> {
+        if !self.all_written() || self.fsync_issued {
+            return Ok(());
+        }
+        if let Some(e) = self.error.clone() {
+            return Err(e);
+        }
+        self.fsync_issued = true;
+        io.fsync(self.file, token);
+        Ok(())
+    }
+
+    /// Records an fsync's result. `Ok(true)`: the file is complete (its
+    /// footer is durable). `Ok(false)`: the data just became durable and
+    /// the footer was written; `sync_if_written` issues the second fsync.
+    pub fn synced<I: Io>(&mut self, io: &mut I, r: Result<usize, i32>) -> Result<bool, StoreError> {
+        self.fsync_issued = false;
+        if let Err(errno) = r {
+            return Err(StoreError::from_errno(&self.path, "fsync", errno));
+        }
+        Ok(!self.write_footer(io))
+    }
+
+    /// Writes the footer page if it is still pending (true) — only after
+    /// the first fsync, so a valid footer proves durable data.
+    fn write_footer<I: Io>(&mut self, io: &mut I) -> bool {
         let Some((off, page)) = self.footer_page.take() else {
             return false;
         };

@@ -81,7 +81,6 @@ impl<I: Io> Store<I> {
             bottom,
             clear: None,
             syncing: false,
-            fsync_issued: false,
             error: None,
             scratch: Vec::new(),
         });
@@ -283,29 +282,24 @@ impl<I: Io> Store<I> {
 
     pub(super) fn maybe_sync_compaction(&mut self) {
         let j = self.compact.as_mut().expect("compaction job");
-        if j.writer.all_written() && !j.fsync_issued {
-            if let Some(e) = j.writer.error.clone() {
-                return self.abandon_compaction(e);
-            }
-            j.fsync_issued = true;
-            let f = j.writer.file;
-            self.io.fsync(f, tag(TAG_COMPACT_SYNC, 0));
+        if let Err(e) = j
+            .writer
+            .sync_if_written(&mut self.io, tag(TAG_COMPACT_SYNC, 0))
+        {
+            self.abandon_compaction(e);
         }
     }
 
     pub(super) fn compact_synced(&mut self, r: Result<usize, i32>) {
-        let Some(j) = self.compact.take() else { return };
-        if let Err(errno) = r {
-            let e = StoreError::from_errno(&j.writer.path, "fsync", errno);
-            self.compact = Some(j);
-            return self.abandon_compaction(e);
-        }
-        let mut j = j;
-        if j.writer.write_footer(&mut self.io) {
-            j.fsync_issued = false;
-            self.compact = Some(j);
+        let Some(j) = self.compact.as_mut() else {
             return;
+        };
+        match j.writer.synced(&mut self.io, r) {
+            Err(e) => return self.abandon_compaction(e),
+            Ok(false) => return self.maybe_sync_compaction(),
+            Ok(true) => {}
         }
+        let j = self.compact.take().expect("checked above");
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let out = Rc::new(j.writer.into_segment(id));

@@ -33,7 +33,6 @@ impl<I: Io> Store<I> {
             writer,
             bottom,
             syncing: false,
-            fsync_issued: false,
             scratch: Vec::new(),
         });
     }
@@ -90,30 +89,23 @@ impl<I: Io> Store<I> {
 
     pub(super) fn maybe_sync_flush(&mut self) {
         let j = self.flush.as_mut().expect("flush job");
-        if j.writer.all_written() && !j.fsync_issued {
-            if let Some(e) = j.writer.error.clone() {
-                return self.abandon_flush(e);
-            }
-            j.fsync_issued = true;
-            let f = j.writer.file;
-            self.io.fsync(f, tag(TAG_FLUSH_SYNC, 0));
+        if let Err(e) = j
+            .writer
+            .sync_if_written(&mut self.io, tag(TAG_FLUSH_SYNC, 0))
+        {
+            self.abandon_flush(e);
         }
     }
 
     pub(super) fn flush_synced(&mut self, r: Result<usize, i32>) {
-        let Some(j) = self.flush.take() else { return };
-        if let Err(errno) = r {
-            let e = StoreError::from_errno(&j.writer.path, "fsync", errno);
-            self.flush = Some(j);
-            return self.abandon_flush(e);
+        let Some(j) = self.flush.as_mut() else { return };
+        match j.writer.synced(&mut self.io, r) {
+            Err(e) => return self.abandon_flush(e),
+            // Data durable and the footer written: a second fsync follows.
+            Ok(false) => return self.maybe_sync_flush(),
+            Ok(true) => {}
         }
-        let mut j = j;
-        if j.writer.write_footer(&mut self.io) {
-            // Data durable; now the footer, then the second fsync.
-            j.fsync_issued = false;
-            self.flush = Some(j);
-            return;
-        }
+        let j = self.flush.take().expect("checked above");
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let seg = Rc::new(j.writer.into_segment(id));

@@ -229,9 +229,8 @@ struct FlushJob {
     cursors: Vec<usize>,
     writer: SegmentWriter,
     bottom: bool,
-    /// All records added; waiting for writes, then for the fsync.
+    /// All records added; waiting for writes, then for the fsyncs.
     syncing: bool,
-    fsync_issued: bool,
     scratch: Vec<u8>,
 }
 
@@ -253,7 +252,6 @@ struct CompactJob {
     bottom: bool,
     clear: Option<(Vec<u8>, usize)>,
     syncing: bool,
-    fsync_issued: bool,
     error: Option<StoreError>,
     scratch: Vec<u8>,
 }
