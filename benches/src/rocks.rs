@@ -13,7 +13,7 @@ use rocksdb::{
 };
 
 use crate::report::{Case, Reporter, histogram};
-use crate::store::{Rng, StoreArgs, raw_key as key};
+use crate::store::{PUT_BATCH, Rng, StoreArgs, raw_key as key};
 
 const SUITE: &str = "store";
 
@@ -49,18 +49,39 @@ fn write_opts() -> WriteOptions {
     w
 }
 
-/// In-memory: returns (get ops/s, put ops/s).
-pub fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64, v100: &[Vec<u8>]) -> (f64, f64) {
+/// In-memory: returns (get ops/s, put ops/s, batched put ops/s).
+pub fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64, v100: &[Vec<u8>]) -> (f64, f64, f64) {
     let dir = super::store::bench_dir(args, "rocks-mem-");
     let db = open(dir.path(), (n as usize * 400).max(256 << 20), false);
     let w = write_opts();
+    // The same load as Stator's: one put at a time, then batches.
+    let half = n / 2;
     let t = Instant::now();
-    for i in 0..n {
+    for i in 0..half {
         db.put_opt(key(i), &v100[(i % 256) as usize], &w)
             .expect("put");
     }
-    let c = Case::new(SUITE, "mem_load_rocksdb", n, t.elapsed());
+    let c = Case::new(SUITE, "mem_load_rocksdb", half, t.elapsed());
     let put = c.ops_per_sec;
+    r.case(&c);
+    let t = Instant::now();
+    let mut i = half;
+    while i < n {
+        let mut b = rocksdb::WriteBatch::default();
+        for j in i..(i + PUT_BATCH as u64).min(n) {
+            b.put(key(j), &v100[(j % 256) as usize]);
+        }
+        db.write_opt(b, &w).expect("write batch");
+        i += PUT_BATCH as u64;
+    }
+    let c = Case::new(
+        SUITE,
+        format!("mem_load_batch{PUT_BATCH}_rocksdb"),
+        n - half,
+        t.elapsed(),
+    )
+    .with("batch", PUT_BATCH);
+    let batch_put = c.ops_per_sec;
     r.case(&c);
     db.flush().expect("flush");
     let mut rng = Rng(42);
@@ -123,7 +144,7 @@ pub fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64, v100: &[Vec<u8>]) -
         }
     }
     r.case(&Case::new(SUITE, "mem_get_put_50_50_rocksdb", n, t.elapsed()).latency(h));
-    (get, put)
+    (get, put, batch_put)
 }
 
 /// Larger than memory: returns (get at depth 1 ops/s, multi_get of 32 ops/s).

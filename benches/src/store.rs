@@ -113,6 +113,8 @@ pub fn bench_dir(args: &StoreArgs, name: &str) -> tempfile::TempDir {
 /// Times every 8th operation: an `Instant` pair costs ~40 ns, too much to
 /// pay on every ~100 ns operation, and a 1-in-8 sample keeps the tails.
 const SAMPLE: u64 = 8;
+/// Puts per batch in the batched load (Stator `submit_batch`, RocksDB `WriteBatch`).
+pub const PUT_BATCH: usize = 64;
 
 pub fn run(args: StoreArgs) {
     let q = args.quick;
@@ -141,9 +143,11 @@ struct Ratios {
     stator_get: f64,
     stator_batch_get: f64,
     stator_put: f64,
+    stator_batch_put: f64,
     hashbrown_get: f64,
     rocks_get: Option<f64>,
     rocks_put: Option<f64>,
+    rocks_batch_put: Option<f64>,
 }
 
 fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
@@ -156,14 +160,55 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
     let mut kb = [0u8; 8];
     let mut out = [0u8; 256];
 
-    // Load.
+    // Load: the first half one put at a time, the second half in batches
+    // of 64, as a shard applies a drained queue.
+    let half = n / 2;
     let t = Instant::now();
-    for i in 0..n {
+    for i in 0..half {
         s.submit(0, Op::Put(skey(i, &mut kb), &v100[(i % 256) as usize]))
             .expect("put");
     }
-    let c = Case::new(SUITE, "mem_load_stator", n, t.elapsed()).with("keys", n);
+    let c = Case::new(SUITE, "mem_load_stator", half, t.elapsed()).with("keys", half);
     let stator_put = c.ops_per_sec;
+    r.case(&c);
+    let t = Instant::now();
+    let mut keys = [[0u8; 8]; PUT_BATCH];
+    let tokens = [0u64; PUT_BATCH];
+    let mut i = half;
+    while i < n {
+        let m = PUT_BATCH.min((n - i) as usize);
+        for (j, k) in keys.iter_mut().take(m).enumerate() {
+            *k = (i + j as u64).to_be_bytes();
+        }
+        let ops: Vec<Op<'_>> = keys[..m]
+            .iter()
+            .map(|k| {
+                let x = u64::from_be_bytes(*k);
+                Op::Put(
+                    KeyRef {
+                        key_group: (x % MAX_PARALLELISM) as u16,
+                        state: 1,
+                        key: k,
+                        namespace: b"",
+                    },
+                    &v100[(x % 256) as usize],
+                )
+            })
+            .collect();
+        s.submit_batch(&tokens[..m], &ops, |_, res| {
+            res.expect("put");
+        });
+        i += m as u64;
+    }
+    let c = Case::new(
+        SUITE,
+        format!("mem_load_batch{PUT_BATCH}_stator"),
+        n - half,
+        t.elapsed(),
+    )
+    .with("keys", n - half)
+    .with("batch", PUT_BATCH);
+    let stator_batch_put = c.ops_per_sec;
     r.case(&c);
 
     // Random gets, one at a time.
@@ -220,7 +265,7 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
                     })
                 })
                 .collect();
-            s.get_batch(&tokens[..m], &ops, |_, res| {
+            s.submit_batch(&tokens[..m], &ops, |_, res| {
                 if let Ok(Submitted::Ready(Output::Value(Some(v)))) = res {
                     out[..v.len()].copy_from_slice(v);
                     found += 1;
@@ -280,20 +325,22 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
     map_peer::<HashMap<[u8; 16], Vec<u8>>>(r, n, "std_hashmap", &v100);
 
     #[cfg(feature = "rocksdb")]
-    let (rocks_get, rocks_put) = {
-        let (g, p) = crate::rocks::in_memory(args, r, n, &v100);
-        (Some(g), Some(p))
+    let (rocks_get, rocks_put, rocks_batch_put) = {
+        let (g, p, b) = crate::rocks::in_memory(args, r, n, &v100);
+        (Some(g), Some(p), Some(b))
     };
     #[cfg(not(feature = "rocksdb"))]
-    let (rocks_get, rocks_put) = (None::<f64>, None::<f64>);
+    let (rocks_get, rocks_put, rocks_batch_put) = (None::<f64>, None::<f64>, None::<f64>);
 
     let x = Ratios {
         stator_get,
         stator_batch_get,
         stator_put,
+        stator_batch_put,
         hashbrown_get,
         rocks_get,
         rocks_put,
+        rocks_batch_put,
     };
     if !r.json {
         println!("# in-memory ratios and floors");
@@ -310,8 +357,8 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
         x.stator_batch_get / x.hashbrown_get,
         Bound::AtLeast(0.5),
     );
-    match (x.rocks_get, x.rocks_put) {
-        (Some(g), Some(p)) => {
+    match (x.rocks_get, x.rocks_put, x.rocks_batch_put) {
+        (Some(g), Some(p), Some(bp)) => {
             r.note(
                 SUITE,
                 "mem_get_stator_vs_rocksdb_get",
@@ -323,6 +370,18 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
                 "mem_put_stator_vs_rocksdb_put",
                 x.stator_put / p,
                 Bound::AtLeast(5.0),
+            );
+            r.note(
+                SUITE,
+                "mem_put_batch_stator_vs_rocksdb_put",
+                x.stator_batch_put / p,
+                Bound::AtLeast(5.0),
+            );
+            r.note(
+                SUITE,
+                "mem_put_batch_stator_vs_rocksdb_write_batch",
+                x.stator_batch_put / bp,
+                Bound::None,
             );
         }
         _ => {

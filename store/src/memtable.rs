@@ -261,7 +261,15 @@ impl Memtable {
         self.slots = vec![EMPTY; cap];
         self.mask = cap - 1;
         self.occupied = 0;
-        for s in old {
+        // Rehashing reads every key, at random places in the log: the key
+        // a few slots ahead is fetched while this one is placed.
+        const AHEAD: usize = 16;
+        for (j, &s) in old.iter().enumerate() {
+            if let Some(&n) = old.get(j + AHEAD)
+                && n > TOMB
+            {
+                prefetch(self.record_ptr((n & ADDR_MASK) - 2));
+            }
             if s > TOMB {
                 let addr = (s & ADDR_MASK) - 2;
                 let h = crate::bloom::hash(self.key_at(addr));

@@ -233,3 +233,49 @@ fn map_iteration_pages_through_a_large_map_and_refuses_a_page_too_small() {
         "{e}"
     );
 }
+
+/// A batch applies its ops in order (a get after a put of the same key in
+/// one batch sees it), answers each op as `submit` would, refuses a bad op
+/// without losing the others, and leaves what needs disk pending.
+#[test]
+fn submit_batch_applies_ops_in_order_and_answers_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(256 << 10);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    run(&mut s, Op::Put(k(1, b"on-disk"), b"old")).unwrap();
+    s.flush();
+    s.settle();
+    let big = vec![0u8; (64 << 20) + 1];
+    let ops = [
+        Op::Get(k(1, b"a")),
+        Op::Put(k(1, b"a"), b"1"),
+        Op::Get(k(1, b"a")),
+        Op::Put(k(1, b"a"), b"2"),
+        Op::Put(k(2, b"too-big"), &big),
+        Op::Delete(k(1, b"b")),
+        Op::Get(k(1, b"a")),
+        Op::Get(k(1, b"on-disk")),
+        Op::Get(k(2, b"too-big")),
+    ];
+    let tokens: Vec<u64> = (0..ops.len() as u64).collect();
+    let mut got: Vec<Option<Result<Owned, String>>> = vec![None; ops.len()];
+    let mut pending = Vec::new();
+    s.submit_batch(&tokens, &ops, |i, r| match r {
+        Ok(stator_store::Submitted::Ready(o)) => got[i] = Some(Ok(Owned::from(o))),
+        Ok(stator_store::Submitted::Pending) => pending.push(i),
+        Err(e) => got[i] = Some(Err(e.to_string())),
+    });
+    s.drain(false, |t, r| got[t as usize] = Some(r.map(Owned::from).map_err(|e| e.to_string())));
+    assert_eq!(pending, vec![7], "only the key on disk waits");
+    let ok = |v: &[u8]| Some(Ok(Owned::Value(Some(v.to_vec()))));
+    assert_eq!(got[0], Some(Ok(Owned::Value(None))));
+    assert_eq!(got[1], Some(Ok(Owned::Done)));
+    assert_eq!(got[2], ok(b"1"));
+    assert_eq!(got[3], Some(Ok(Owned::Done)));
+    assert!(matches!(&got[4], Some(Err(e)) if e.contains("value")), "{:?}", got[4]);
+    assert_eq!(got[5], Some(Ok(Owned::Done)));
+    assert_eq!(got[6], ok(b"2"));
+    assert_eq!(got[7], ok(b"old"));
+    assert_eq!(got[8], Some(Ok(Owned::Value(None))), "the refused put wrote nothing");
+}

@@ -295,7 +295,7 @@ pub struct Store<I: Io> {
     /// Holds what an immediate `Output` borrows.
     scratch: Vec<u8>,
     held_block: Option<Rc<Block>>,
-    /// Reused by `get_batch`: the batch's encoded keys and their spans.
+    /// Reused by `submit_batch`: the batch's encoded keys and their spans.
     batch_keys: Vec<u8>,
     batch_spans: Vec<(usize, usize, u64)>,
 }

@@ -49,12 +49,14 @@ impl<I: Io> Store<I> {
         self.read_key(token, kind, key.as_slice(), h, base_len)
     }
 
-    /// Looks up many keys at once: hashes and memtable slots of the whole
-    /// batch are fetched before any is waited on, so the memory latency of
-    /// a large working set overlaps across the batch. `out(i, result)` is
-    /// called for each op answered at once; the others complete via `poll`
-    /// with `tokens[i]`.
-    pub fn get_batch(
+    /// Submits many operations at once, as a shard drains its queue: the
+    /// hashes and memtable slots of every get and put in the batch are
+    /// fetched before any is waited on, so the memory latency of a large
+    /// working set overlaps across the batch instead of adding up.
+    /// `out(i, result)` is called for each op, in order, with what
+    /// [`Store::submit`] would return; pending ones complete via `poll` with
+    /// `tokens[i]`. Effects take place in batch order.
+    pub fn submit_batch(
         &mut self,
         tokens: &[u64],
         ops: &[Op<'_>],
@@ -67,7 +69,7 @@ impl<I: Io> Store<I> {
         spans.clear();
         for op in ops {
             let start = keys.len();
-            if let Op::Get(k) = op
+            if let Op::Get(k) | Op::Put(k, _) = op
                 && check_key(k).is_ok()
             {
                 keys::encode_base(&mut keys, k.key_group, k.state, k.key, k.namespace);
@@ -85,15 +87,23 @@ impl<I: Io> Store<I> {
         }
         for (i, op) in ops.iter().enumerate() {
             let (start, end, h) = spans[i];
-            if end > start && end - start <= keys::MAX_KEY_LEN {
-                out(
-                    i,
-                    self.read_key(tokens[i], ReadKind::Get, &keys[start..end], h, 0),
-                );
-            } else {
-                // Not a get, or a key the checks refuse: the general path
-                // gives the right result or error.
+            let key = &keys[start..end];
+            if end == start || key.len() > keys::MAX_KEY_LEN {
+                // Another kind of op, or a key the checks refuse: the
+                // general path gives the right result or error.
                 out(i, self.submit(tokens[i], *op));
+                continue;
+            }
+            match op {
+                Op::Put(_, v) => {
+                    let r = self.check_memory().and_then(|()| check_value(v));
+                    if r.is_ok() {
+                        self.active.write(Kind::Put, key, h, v);
+                        self.after_write();
+                    }
+                    out(i, r.map(|()| Submitted::Ready(Output::Done)));
+                }
+                _ => out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0)),
             }
         }
         self.batch_keys = keys;
