@@ -25,11 +25,13 @@
 compile_error!("stator-ring's wire format is little-endian");
 
 pub mod bufring;
+pub mod control;
 pub mod cqe;
 #[cfg(not(loom))]
 pub mod doorbell;
 #[cfg(not(loom))]
 pub mod header;
+pub mod keygroup;
 pub mod queue;
 #[cfg(not(loom))]
 pub mod session;

@@ -150,6 +150,13 @@ impl<'a, T, S: Slots<T>> Producer<'a, T, S> {
         Ok(self.capacity - self.tail.wrapping_sub(self.head))
     }
 
+    /// Free slots, always re-reading the consumer's head (for a caller
+    /// that reserves slots ahead and must not under-count).
+    pub fn free_now(&mut self) -> Result<u32, QueueError> {
+        self.refresh_head()?;
+        Ok(self.capacity - self.tail.wrapping_sub(self.head))
+    }
+
     /// Writes `v` into the next slot without publishing it. `Ok(false)` when
     /// the queue is full.
     #[inline]

@@ -266,16 +266,26 @@ fn submit_batch_applies_ops_in_order_and_answers_each() {
         Ok(stator_store::Submitted::Pending) => pending.push(i),
         Err(e) => got[i] = Some(Err(e.to_string())),
     });
-    s.drain(false, |t, r| got[t as usize] = Some(r.map(Owned::from).map_err(|e| e.to_string())));
+    s.drain(false, |t, r| {
+        got[t as usize] = Some(r.map(Owned::from).map_err(|e| e.to_string()))
+    });
     assert_eq!(pending, vec![7], "only the key on disk waits");
     let ok = |v: &[u8]| Some(Ok(Owned::Value(Some(v.to_vec()))));
     assert_eq!(got[0], Some(Ok(Owned::Value(None))));
     assert_eq!(got[1], Some(Ok(Owned::Done)));
     assert_eq!(got[2], ok(b"1"));
     assert_eq!(got[3], Some(Ok(Owned::Done)));
-    assert!(matches!(&got[4], Some(Err(e)) if e.contains("value")), "{:?}", got[4]);
+    assert!(
+        matches!(&got[4], Some(Err(e)) if e.contains("value")),
+        "{:?}",
+        got[4]
+    );
     assert_eq!(got[5], Some(Ok(Owned::Done)));
     assert_eq!(got[6], ok(b"2"));
     assert_eq!(got[7], ok(b"old"));
-    assert_eq!(got[8], Some(Ok(Owned::Value(None))), "the refused put wrote nothing");
+    assert_eq!(
+        got[8],
+        Some(Ok(Owned::Value(None))),
+        "the refused put wrote nothing"
+    );
 }

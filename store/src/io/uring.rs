@@ -25,6 +25,9 @@ enum Kind {
     Read,
     Write,
     Fsync,
+    /// One-shot readiness of a foreign fd (a client's doorbell): the
+    /// caller's, not the store's; its completion goes to `ready`.
+    Poll(i32),
 }
 
 struct Op {
@@ -54,6 +57,8 @@ pub struct UringIo {
     /// Ops waiting for submission-queue room, in order.
     backlog: VecDeque<usize>,
     done: VecDeque<IoCompletion>,
+    /// Tokens of `poll_readable` fds that became readable.
+    ready: Vec<u64>,
     /// Ops pushed to the SQ and not yet completed by the kernel.
     in_kernel: usize,
     direct: bool,
@@ -70,6 +75,7 @@ impl UringIo {
             ops: Slab::new(),
             backlog: VecDeque::new(),
             done: VecDeque::new(),
+            ready: Vec::new(),
             in_kernel: 0,
             direct,
         })
@@ -85,9 +91,44 @@ impl UringIo {
         }
     }
 
+    /// Arms a one-shot wait for `fd` to become readable, so that one
+    /// [`Io::wait`] covers disk completions and, say, a client's doorbell
+    /// eventfd. When it fires, `token` comes out of [`UringIo::take_ready`]
+    /// (never out of `reap`). The caller keeps `fd` open until then; to
+    /// disarm, make the fd readable (ring the eventfd) and ignore the token.
+    pub fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
+        let idx = self.ops.insert(Op {
+            token,
+            kind: Kind::Poll(fd.as_raw_fd()),
+            file: FileId::MAX,
+            offset: 0,
+            buf: None,
+            done: 0,
+        });
+        if !self.push(idx) {
+            self.backlog.push_back(idx);
+        }
+    }
+
+    /// Moves the tokens of fds that became readable into `out`.
+    pub fn take_ready(&mut self, out: &mut Vec<u64>) {
+        self.drain_cq();
+        out.append(&mut self.ready);
+    }
+
     /// Pushes op `idx` (its remaining part) to the SQ; false when full.
     fn push(&mut self, idx: usize) -> bool {
         let op = &mut self.ops[idx];
+        if let Kind::Poll(fd) = op.kind {
+            let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                .build()
+                .user_data(idx as u64);
+            // SAFETY: a poll references no memory of ours; the caller keeps
+            // the fd open until the poll fires (see `poll_readable`).
+            let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
+            self.in_kernel += pushed as usize;
+            return pushed;
+        }
         let Some(fe) = self.files.get(op.file as usize) else {
             let op = self.ops.remove(idx);
             self.done.push_back(IoCompletion {
@@ -117,6 +158,7 @@ impl UringIo {
                 }
             }
             Kind::Fsync => opcode::Fsync::new(fd).build(),
+            Kind::Poll(_) => unreachable!("polls are pushed above"),
         }
         .user_data(idx as u64);
         // SAFETY: the entry's buffer pointer is owned by `ops[idx]` and
@@ -131,6 +173,11 @@ impl UringIo {
 
     fn finish(&mut self, idx: usize, result: Result<usize, i32>) {
         let op = self.ops.remove(idx);
+        if let Kind::Poll(_) = op.kind {
+            // Readable, or an error on the fd: either way its owner looks.
+            self.ready.push(op.token);
+            return;
+        }
         if let Some(f) = self.files.get_mut(op.file as usize) {
             f.pending -= 1;
             if f.closing && f.pending == 0 {
@@ -167,7 +214,7 @@ impl UringIo {
                 continue;
             }
             match op.kind {
-                Kind::Fsync => self.finish(idx, Ok(0)),
+                Kind::Fsync | Kind::Poll(_) => self.finish(idx, Ok(0)),
                 Kind::Read | Kind::Write => {
                     let total = op.buf.as_ref().map_or(0, |b| b.len());
                     if res == 0 {
@@ -290,7 +337,7 @@ impl Io for UringIo {
 
     fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()> {
         self.drain_cq();
-        if !self.done.is_empty() || self.in_kernel == 0 {
+        if !self.done.is_empty() || !self.ready.is_empty() || self.in_kernel == 0 {
             return Ok(());
         }
         let r = match timeout {

@@ -1,0 +1,628 @@
+//! A session: the control connection, the shared segment and the client's
+//! ends of its rings. This is the batch API: [`Session::submit`] many,
+//! [`Session::flush`] once, [`Session::poll`] completions, and
+//! [`Session::wait`] when nothing is ready. Single-threaded (`&mut self`);
+//! for futures see [`crate::AsyncSession`].
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use slab::Slab;
+use stator_ring::control::{self, CONTROL_VERSION, Request as CtlRequest, Response, frame_len};
+use stator_ring::cqe::cqe_flags;
+use stator_ring::sqe::{iter_mode, sqe_flags};
+use stator_ring::{BufRef, ClientRing, Cqe, Doorbell, Opcode, Sqe, Status};
+use stator_shm::Segment;
+use stator_shm::arena::{ArenaAllocator, ArenaBuf};
+use stator_shm::fdpass::recv_fds;
+
+use crate::Error;
+
+type Ring<'a> = ClientRing<'a>;
+
+self_cell::self_cell!(
+    struct Mem {
+        owner: Segment,
+        #[covariant]
+        dependent: Ring,
+    }
+);
+
+/// How to open a session (Flink's view of a subtask).
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub job: String,
+    pub operator: String,
+    pub subtask: u32,
+    pub parallelism: u32,
+    pub max_parallelism: u32,
+    /// Queue sizes and arena bytes; 0 takes the daemon's defaults.
+    pub sq_entries: u32,
+    pub cq_entries: u32,
+    pub arena_bytes: u64,
+    /// Result buffer for a read whose caller gives no size.
+    pub read_capacity: u32,
+    /// How long a waiting call spins before it sleeps.
+    pub spin: Duration,
+}
+
+impl OpenOptions {
+    /// Subtask 0 of 1 of `job`/`operator`, max parallelism 128.
+    pub fn new(job: &str, operator: &str) -> OpenOptions {
+        OpenOptions {
+            job: job.into(),
+            operator: operator.into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            sq_entries: 0,
+            cq_entries: 0,
+            arena_bytes: 0,
+            read_capacity: 1024,
+            spin: Duration::from_micros(20),
+        }
+    }
+}
+
+/// A state's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Value,
+    List,
+    Map,
+}
+
+/// What map iteration returns per entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IterMode {
+    Keys,
+    Values,
+    Entries,
+}
+
+/// One request. Byte slices are copied into shared memory at submit.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub op: Opcode,
+    pub state: u32,
+    pub key_group: u16,
+    pub key: &'a [u8],
+    pub namespace: &'a [u8],
+    pub user_key: &'a [u8],
+    pub value: &'a [u8],
+    /// Result buffer size for reads (0: the session's `read_capacity`).
+    pub capacity: u32,
+    pub arg: u64,
+    pub flags: u8,
+}
+
+impl<'a> Request<'a> {
+    /// A request of `op` on `(state, key_group, key)` with the empty
+    /// namespace; set the other fields as the op needs.
+    pub fn new(op: Opcode, state: u32, key_group: u16, key: &'a [u8]) -> Request<'a> {
+        Request {
+            op,
+            state,
+            key_group,
+            key,
+            namespace: b"",
+            user_key: b"",
+            value: b"",
+            capacity: 0,
+            arg: 0,
+            flags: 0,
+        }
+    }
+
+    /// Map iteration of one page (`after`: resume after that user key).
+    pub fn map_iter(
+        state: u32,
+        key_group: u16,
+        key: &'a [u8],
+        mode: IterMode,
+        after: Option<&'a [u8]>,
+    ) -> Request<'a> {
+        let mut r = Request::new(Opcode::MapIter, state, key_group, key);
+        r.arg = match mode {
+            IterMode::Keys => iter_mode::KEYS,
+            IterMode::Values => iter_mode::VALUES,
+            IterMode::Entries => iter_mode::ENTRIES,
+        };
+        if let Some(a) = after {
+            r.user_key = a;
+            r.flags |= sqe_flags::ITER_RESUME;
+        }
+        r
+    }
+}
+
+/// A completed request, borrowing its result until the callback returns.
+#[derive(Debug)]
+pub struct Completion<'a> {
+    /// The caller's token from `submit`.
+    pub token: u64,
+    /// `Ok`, `NotFound` or an error status.
+    pub status: Result<Status, i32>,
+    /// The result bytes (reads that found something).
+    pub value: Option<&'a [u8]>,
+    /// `MapContains` 1/0, page entry count, no-op echo.
+    pub aux: u64,
+    /// Map iteration: more entries follow.
+    pub more: bool,
+    /// With `ResultTooLarge`: the size the result needs.
+    pub needed: u32,
+}
+
+impl Completion<'_> {
+    /// `Ok(())` for `Ok` and `NotFound`, else the error.
+    pub fn check(&self) -> Result<(), Error> {
+        match self.status {
+            Ok(Status::Ok) | Ok(Status::NotFound) => Ok(()),
+            Ok(Status::ResultTooLarge) => Err(Error::ResultTooLarge {
+                needed: self.needed,
+            }),
+            Ok(s) => Err(Error::Status(s)),
+            Err(code) => Err(Error::Protocol(format!("unknown status {code}"))),
+        }
+    }
+}
+
+struct InFlight {
+    token: u64,
+    input: Option<ArenaBuf>,
+    output: Option<ArenaBuf>,
+}
+
+/// An open session.
+pub struct Session {
+    sock: UnixStream,
+    mem: Mem,
+    alloc: ArenaAllocator,
+    to_daemon: Doorbell,
+    to_client: Doorbell,
+    inflight: Slab<InFlight>,
+    id: u64,
+    key_groups: (u16, u16),
+    read_capacity: u32,
+    spin: Duration,
+    dead: Option<String>,
+    frame: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> Error {
+    Error::Protocol(e.to_string())
+}
+
+fn read_response(sock: &mut UnixStream, buf: &mut Vec<u8>) -> Result<Response, Error> {
+    let mut pre = [0u8; 4];
+    sock.read_exact(&mut pre).map_err(Error::gone)?;
+    let n = frame_len(pre).map_err(io_err)?;
+    buf.resize(n, 0);
+    sock.read_exact(buf).map_err(Error::gone)?;
+    Response::decode(buf).map_err(io_err)
+}
+
+fn refused(r: Response) -> Error {
+    match r {
+        Response::Error {
+            status, message, ..
+        } => Error::Refused { status, message },
+        other => Error::Protocol(format!("unexpected control response {other:?}")),
+    }
+}
+
+impl Session {
+    /// Connects to the daemon's control socket and opens a session.
+    pub fn open(socket: impl AsRef<Path>, o: &OpenOptions) -> Result<Session, Error> {
+        let socket = socket.as_ref();
+        let mut sock = UnixStream::connect(socket).map_err(|e| Error::Connect {
+            path: socket.display().to_string(),
+            err: e,
+        })?;
+        let mut frame = Vec::new();
+        CtlRequest::Open {
+            version: CONTROL_VERSION,
+            job: o.job.clone(),
+            operator: o.operator.clone(),
+            subtask: o.subtask,
+            parallelism: o.parallelism,
+            max_parallelism: o.max_parallelism,
+            sq_entries: o.sq_entries,
+            cq_entries: o.cq_entries,
+            arena_bytes: o.arena_bytes,
+        }
+        .encode(&mut frame);
+        sock.write_all(&frame).map_err(Error::gone)?;
+        // The response carries the fds; it is small and arrives whole.
+        let mut buf = vec![0u8; control::MAX_FRAME + 4];
+        let (n, mut fds) = recv_fds(&sock, &mut buf).map_err(io_err)?;
+        if n < 4 {
+            return Err(Error::gone("the daemon closed the control socket"));
+        }
+        let len = frame_len(buf[..4].try_into().expect("4 bytes")).map_err(io_err)?;
+        let mut got = n;
+        while got < len + 4 {
+            let m = sock.read(&mut buf[got..len + 4]).map_err(Error::gone)?;
+            if m == 0 {
+                return Err(Error::gone("the daemon closed the control socket"));
+            }
+            got += m;
+        }
+        let (id, key_groups) = match Response::decode(&buf[4..len + 4]).map_err(io_err)? {
+            Response::Opened {
+                session,
+                key_group_lo,
+                key_group_hi,
+                ..
+            } => (session, (key_group_lo, key_group_hi)),
+            other => return Err(refused(other)),
+        };
+        if fds.len() != 3 {
+            return Err(Error::Protocol(format!(
+                "expected 3 fds with Opened, got {}",
+                fds.len()
+            )));
+        }
+        let to_client = Doorbell::from_fd(fds.pop().expect("3 fds"));
+        let to_daemon = Doorbell::from_fd(fds.pop().expect("3 fds"));
+        let seg = Segment::attach(fds.pop().expect("3 fds")).map_err(io_err)?;
+        let mem = Mem::try_new(seg, |s| ClientRing::attach(s.view())).map_err(io_err)?;
+        let arena_len = mem.borrow_dependent().layout().arena.len;
+        Ok(Session {
+            sock,
+            mem,
+            alloc: ArenaAllocator::new(arena_len),
+            to_daemon,
+            to_client,
+            inflight: Slab::new(),
+            id,
+            key_groups,
+            read_capacity: o.read_capacity.max(64),
+            spin: o.spin,
+            dead: None,
+            frame,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The daemon's id of this session.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// This session's inclusive key-group range.
+    pub fn key_groups(&self) -> (u16, u16) {
+        self.key_groups
+    }
+
+    /// Requests submitted and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Registers (or finds) a state; returns its id in this session.
+    pub fn register(&mut self, name: &str, kind: Kind) -> Result<u32, Error> {
+        self.alive()?;
+        let kind = match kind {
+            Kind::Value => control::kind::VALUE,
+            Kind::List => control::kind::LIST,
+            Kind::Map => control::kind::MAP,
+        };
+        CtlRequest::Register {
+            kind,
+            name: name.into(),
+        }
+        .encode(&mut self.frame);
+        self.sock.write_all(&self.frame).map_err(Error::gone)?;
+        let mut buf = Vec::new();
+        match read_response(&mut self.sock, &mut buf)? {
+            Response::Registered { state } => Ok(state),
+            other => Err(refused(other)),
+        }
+    }
+
+    fn alive(&self) -> Result<(), Error> {
+        match &self.dead {
+            Some(m) => Err(Error::DaemonGone(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues one request (visible to the daemon at the next
+    /// [`Session::flush`]). `Err(Full)` when the submission queue or the
+    /// arena has no room: poll completions, then retry.
+    pub fn submit(&mut self, r: &Request<'_>, token: u64) -> Result<(), Error> {
+        self.alive()?;
+        let fields = r.op.fields();
+        let in_len = r.key.len()
+            + r.namespace.len()
+            + r.user_key.len()
+            + if fields.value_in { r.value.len() } else { 0 };
+        if in_len > u32::MAX as usize {
+            return Err(Error::TooLarge);
+        }
+        let ring = self.mem.borrow_dependent();
+        let arena = ring.arena();
+        let input = if in_len > 0 {
+            Some(self.alloc.alloc(in_len as u32).ok_or(Error::Full)?)
+        } else {
+            None
+        };
+        let output = if fields.output {
+            let cap = if r.capacity > 0 {
+                r.capacity
+            } else {
+                self.read_capacity
+            };
+            match self.alloc.alloc(cap) {
+                Some(b) => Some(b),
+                None => {
+                    if let Some(b) = input {
+                        self.alloc.free(b);
+                    }
+                    return Err(Error::Full);
+                }
+            }
+        } else {
+            None
+        };
+        let mut sqe = Sqe {
+            opcode: r.op as u8,
+            flags: r.flags,
+            key_group: r.key_group,
+            state_id: r.state,
+            arg: r.arg,
+            ..Sqe::default()
+        };
+        if let Some(b) = input {
+            let mut at = b.off;
+            let mut put = |bytes: &[u8]| -> BufRef {
+                if bytes.is_empty() {
+                    return BufRef::NONE;
+                }
+                arena
+                    .write_from(at as usize, bytes)
+                    .expect("the allocator gives buffers inside the arena");
+                let br = BufRef::new(at, bytes.len() as u32);
+                at += bytes.len() as u32;
+                br
+            };
+            sqe.key = put(r.key);
+            sqe.namespace = put(r.namespace);
+            sqe.user_key = put(r.user_key);
+            if fields.value_in {
+                sqe.value = put(r.value);
+            }
+        }
+        if let Some(b) = output {
+            sqe.value = BufRef::new(b.off, b.cap);
+        }
+        sqe.user_data = self.inflight.vacant_key() as u64;
+        let pushed = match self.mem.with_dependent_mut(|_, ring| ring.sq.push(&sqe)) {
+            Ok(p) => p,
+            Err(e) => return Err(self.kill(format!("the submission queue is inconsistent: {e}"))),
+        };
+        if !pushed {
+            for b in [input, output].into_iter().flatten() {
+                self.alloc.free(b);
+            }
+            return Err(Error::Full);
+        }
+        self.inflight.insert(InFlight {
+            token,
+            input,
+            output,
+        });
+        Ok(())
+    }
+
+    /// Makes submitted requests visible to the daemon (one tail store), and
+    /// wakes it if it sleeps.
+    pub fn flush(&mut self) -> Result<(), Error> {
+        self.alive()?;
+        if self.mem.with_dependent_mut(|_, ring| ring.sq.publish()) {
+            self.to_daemon.ring();
+        }
+        Ok(())
+    }
+
+    fn kill(&mut self, why: String) -> Error {
+        self.dead.get_or_insert(why.clone());
+        Error::DaemonGone(why)
+    }
+
+    /// Delivers every completion ready now to `f`; returns how many.
+    pub fn poll(&mut self, mut f: impl FnMut(Completion<'_>)) -> Result<usize, Error> {
+        self.alive()?;
+        let mut n = 0;
+        loop {
+            let c: Option<Cqe> = match self.mem.with_dependent_mut(|_, ring| ring.cq.pop()) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Err(self.kill(format!("the completion queue is inconsistent: {e}")));
+                }
+            };
+            let Some(c) = c else { break };
+            let Some(inf) = self.inflight.try_remove(c.user_data as usize) else {
+                return Err(self.kill(format!("completion for unknown request {}", c.user_data)));
+            };
+            let status = Status::from_i32(c.status).ok_or(c.status);
+            let arena = self.mem.borrow_dependent().arena();
+            let value = match (status, inf.output) {
+                (Ok(Status::Ok), Some(b)) if c.len <= b.cap => {
+                    // Copied out: the daemon wrote it before publishing the
+                    // completion; the copy keeps shared memory out of `&[u8]`.
+                    self.scratch.resize(c.len as usize, 0);
+                    arena
+                        .read_into(b.off as usize, &mut self.scratch)
+                        .map_err(io_err)?;
+                    Some(&self.scratch[..])
+                }
+                _ => None,
+            };
+            f(Completion {
+                token: inf.token,
+                status,
+                value,
+                aux: c.aux,
+                more: c.flags & cqe_flags::MORE != 0,
+                needed: if status == Ok(Status::ResultTooLarge) {
+                    c.len
+                } else {
+                    0
+                },
+            });
+            for b in [inf.input, inf.output].into_iter().flatten() {
+                self.alloc.free(b);
+            }
+            n += 1;
+        }
+        if n > 0 && self.mem.with_dependent_mut(|_, ring| ring.cq.release()) {
+            self.to_daemon.ring();
+        }
+        Ok(n)
+    }
+
+    /// Waits until a completion is ready (or `timeout`): spins briefly,
+    /// then sleeps on the doorbell and the control socket together, so a
+    /// daemon that dies wakes it with [`Error::DaemonGone`].
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), Error> {
+        self.alive()?;
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        loop {
+            let avail = self.mem.with_dependent_mut(|_, ring| ring.cq.available());
+            match avail {
+                Ok(n) if n > 0 => return Ok(()),
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(self.kill(format!("the completion queue is inconsistent: {e}")));
+                }
+            }
+            if start.elapsed() < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            match self
+                .mem
+                .with_dependent_mut(|_, ring| ring.cq.prepare_sleep())
+            {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    return Err(self.kill(format!("the completion queue is inconsistent: {e}")));
+                }
+            }
+            let ms = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        self.mem.with_dependent(|_, ring| ring.cq.end_sleep());
+                        return Ok(());
+                    }
+                    left.as_millis().clamp(1, 1000) as u16
+                }
+                None => 1000,
+            };
+            self.sleep(ms)?;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sleeps on the doorbell and the control socket for up to `ms`.
+    fn sleep(&mut self, ms: u16) -> Result<(), Error> {
+        let (bell, sock) = poll_two(self.to_client.fd(), self.sock.as_fd(), ms)?;
+        self.after_sleep(bell, sock)
+    }
+
+    /// Announces that the client is about to sleep for completions.
+    /// `Ok(true)`: some are there already (do not sleep).
+    pub(crate) fn prepare_sleep(&mut self) -> Result<bool, Error> {
+        self.mem
+            .with_dependent_mut(|_, ring| ring.cq.prepare_sleep())
+            .map_err(|e| self.kill(format!("the completion queue is inconsistent: {e}")))
+    }
+
+    /// Ends a sleep: clears the flag, drains the doorbell, and notices a
+    /// closed control socket.
+    pub(crate) fn after_sleep(&mut self, bell: bool, sock: bool) -> Result<(), Error> {
+        self.mem.with_dependent(|_, ring| ring.cq.end_sleep());
+        if bell {
+            self.to_client.drain();
+        }
+        if sock {
+            // The daemon never speaks unasked: readable means closed.
+            let mut b = [0u8; 1];
+            self.sock.set_nonblocking(true).map_err(io_err)?;
+            let r = self.sock.read(&mut b);
+            let _ = self.sock.set_nonblocking(false);
+            match r {
+                Ok(0) => {
+                    return Err(
+                        self.kill("the daemon closed the session (it stopped or died)".into())
+                    );
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(self.kill(format!("the control socket failed: {e}"))),
+                Ok(_) => return Err(self.kill("unexpected bytes on the control socket".into())),
+            }
+        }
+        Ok(())
+    }
+
+    /// Duplicates of the fds a sleeper polls: the client's doorbell and the
+    /// control socket (for a waiter that must not hold the session).
+    pub(crate) fn wait_fds(&self) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+        Ok((
+            self.to_client.fd().try_clone_to_owned()?,
+            self.sock.as_fd().try_clone_to_owned()?,
+        ))
+    }
+
+    /// Marks the session dead with `why` (every later call fails).
+    pub(crate) fn fail(&mut self, why: String) -> Error {
+        self.kill(why)
+    }
+
+    /// Whether the daemon marked the session closing.
+    pub fn daemon_closing(&self) -> bool {
+        self.mem.borrow_dependent().daemon_closing()
+    }
+
+    /// Closes the session (the daemon drops it and its state stays).
+    pub fn close(mut self) -> Result<(), Error> {
+        self.alive()?;
+        CtlRequest::Close.encode(&mut self.frame);
+        self.sock.write_all(&self.frame).map_err(Error::gone)?;
+        let mut buf = Vec::new();
+        match read_response(&mut self.sock, &mut buf)? {
+            Response::Closed => Ok(()),
+            other => Err(refused(other)),
+        }
+    }
+}
+
+/// Polls two fds for readability (or hang-up) for up to `ms`.
+pub(crate) fn poll_two(
+    a: std::os::fd::BorrowedFd<'_>,
+    b: std::os::fd::BorrowedFd<'_>,
+    ms: u16,
+) -> Result<(bool, bool), Error> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [
+        PollFd::new(a, PollFlags::POLLIN),
+        PollFd::new(b, PollFlags::POLLIN),
+    ];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+        Err(e) => return Err(io_err(e)),
+    }
+    let r = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+    Ok((r(&fds[0]), r(&fds[1])))
+}

@@ -1,0 +1,244 @@
+//! Configuration: an embedded default, a TOML file, then flags, in that
+//! order. Every key is checked once, here; an invalid one is an error that
+//! names it (`session.sq_entries: must be a power of two in 64..=1048576`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The whole configuration, as the TOML file spells it.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where each shard keeps its store (`<data_dir>/shard-<n>`).
+    pub data_dir: PathBuf,
+    /// Where the control socket lives (`<run_dir>/stator.sock`).
+    pub run_dir: PathBuf,
+    /// Shard threads; 0 = one per spare core (cores - 1, at least 1).
+    pub shards: usize,
+    /// Memory budget of all shards' stores together, MiB; 0 = a quarter of
+    /// the machine's memory, at least 256 MiB.
+    pub memory_budget_mib: u64,
+    /// Uids allowed to open sessions; empty = the daemon's own uid (and root).
+    pub allowed_uids: Vec<u32>,
+    /// How long an idle shard spins before it sleeps, microseconds.
+    pub spin_us: u64,
+    /// Open sessions at most, over all shards.
+    pub max_sessions: usize,
+    pub session: SessionLimits,
+}
+
+/// Per-session sizes and limits.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionLimits {
+    /// Submission queue entries when the client asks for none.
+    pub sq_entries: u32,
+    /// Completion queue entries when the client asks for none.
+    pub cq_entries: u32,
+    /// Largest queue a client may ask for.
+    pub max_entries: u32,
+    /// Arena bytes when the client asks for none, MiB.
+    pub arena_mib: u64,
+    /// Largest arena a client may ask for, MiB.
+    pub max_arena_mib: u64,
+    /// Requests one session may have in the daemon at once (also bounded
+    /// by its completion queue).
+    pub max_in_flight: u32,
+    /// States one session may register.
+    pub max_states: u32,
+    /// Descriptors taken from one session per shard pass (fairness).
+    pub batch: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./stator-data"),
+            run_dir: PathBuf::from("./stator-run"),
+            shards: 0,
+            memory_budget_mib: 0,
+            allowed_uids: Vec::new(),
+            spin_us: 50,
+            max_sessions: 1024,
+            session: SessionLimits::default(),
+        }
+    }
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            sq_entries: 4096,
+            cq_entries: 4096,
+            max_entries: 1 << 17,
+            arena_mib: 64,
+            max_arena_mib: 1024,
+            max_in_flight: 1 << 17,
+            max_states: 4096,
+            batch: 256,
+        }
+    }
+}
+
+/// A configuration error, naming the key (or the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {err}")]
+    Read { path: PathBuf, err: std::io::Error },
+    #[error("config file {path}: {msg}")]
+    Parse { path: PathBuf, msg: String },
+    #[error("config key `{key}`: {msg}")]
+    Invalid { key: &'static str, msg: String },
+}
+
+fn invalid(key: &'static str, msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        msg: msg.into(),
+    }
+}
+
+fn queue_ok(n: u32) -> bool {
+    n.is_power_of_two() && (64..=1 << 20).contains(&n)
+}
+
+impl Config {
+    /// Reads a TOML file over the defaults.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        Config::from_toml(&text).map_err(|msg| ConfigError::Parse {
+            path: path.to_path_buf(),
+            msg,
+        })
+    }
+
+    /// Parses TOML text over the defaults (errors name the key and line).
+    pub fn from_toml(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    }
+
+    /// Checks every key; fills in the automatic values (shards, budget,
+    /// allowed uids). Returns the configuration the daemon runs with.
+    pub fn resolve(mut self) -> Result<Config, ConfigError> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.shards == 0 {
+            self.shards = cores.saturating_sub(1).max(1);
+        }
+        if self.shards > 256 {
+            return Err(invalid("shards", "at most 256"));
+        }
+        if self.memory_budget_mib == 0 {
+            self.memory_budget_mib = (physical_memory() / 4 >> 20).max(256);
+        }
+        if self.memory_budget_mib < 16 * self.shards as u64 {
+            return Err(invalid(
+                "memory_budget_mib",
+                format!("at least 16 MiB per shard ({} shards)", self.shards),
+            ));
+        }
+        if self.allowed_uids.is_empty() {
+            self.allowed_uids.push(nix::unistd::geteuid().as_raw());
+        }
+        if self.spin_us > 1_000_000 {
+            return Err(invalid("spin_us", "at most 1000000 (one second)"));
+        }
+        if self.max_sessions == 0 {
+            return Err(invalid("max_sessions", "must be at least 1"));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "must not be empty"));
+        }
+        if self.run_dir.as_os_str().is_empty() {
+            return Err(invalid("run_dir", "must not be empty"));
+        }
+        let s = &self.session;
+        if !queue_ok(s.max_entries) {
+            return Err(invalid(
+                "session.max_entries",
+                "must be a power of two in 64..=1048576",
+            ));
+        }
+        for (key, v) in [
+            ("session.sq_entries", s.sq_entries),
+            ("session.cq_entries", s.cq_entries),
+        ] {
+            if !queue_ok(v) || v > s.max_entries {
+                return Err(invalid(
+                    key,
+                    "must be a power of two in 64..=1048576 and at most session.max_entries",
+                ));
+            }
+        }
+        if s.arena_mib == 0 || s.arena_mib > s.max_arena_mib || s.max_arena_mib > 4096 {
+            return Err(invalid(
+                "session.arena_mib",
+                "must be in 1..=session.max_arena_mib, and session.max_arena_mib at most 4096",
+            ));
+        }
+        if s.max_in_flight == 0 {
+            return Err(invalid("session.max_in_flight", "must be at least 1"));
+        }
+        if s.max_states == 0 {
+            return Err(invalid("session.max_states", "must be at least 1"));
+        }
+        if s.batch == 0 || s.batch > 65536 {
+            return Err(invalid("session.batch", "must be in 1..=65536"));
+        }
+        Ok(self)
+    }
+
+    /// The control socket's path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.run_dir.join("stator.sock")
+    }
+
+    /// One shard's memory budget, bytes.
+    pub fn shard_budget(&self) -> usize {
+        ((self.memory_budget_mib << 20) / self.shards as u64) as usize
+    }
+}
+
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || size <= 0 {
+        return 1 << 30;
+    }
+    pages as u64 * size as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_resolve_and_bad_keys_are_named() {
+        let c = Config::default().resolve().unwrap();
+        assert!(c.shards >= 1);
+        assert!(c.memory_budget_mib >= 256);
+        assert_eq!(c.allowed_uids.len(), 1);
+
+        let e = Config::from_toml("shardz = 3").unwrap_err();
+        assert!(e.contains("shardz"), "{e}");
+        let e = Config::from_toml("[session]\nsq_entries = \"many\"").unwrap_err();
+        assert!(e.contains("sq_entries"), "{e}");
+
+        let mut c = Config::from_toml("[session]\nsq_entries = 100").unwrap();
+        c.shards = 1;
+        let e = c.resolve().unwrap_err().to_string();
+        assert!(e.contains("session.sq_entries"), "{e}");
+
+        let c = Config::from_toml("memory_budget_mib = 1\nshards = 2").unwrap();
+        let e = c.resolve().unwrap_err().to_string();
+        assert!(e.contains("memory_budget_mib"), "{e}");
+    }
+}

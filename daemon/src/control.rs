@@ -1,0 +1,492 @@
+//! The control socket (`daemon/CONTROL.md`): one thread accepts, one
+//! thread per connection serves it. A connection holds at most one
+//! session; when it closes, for whatever reason (a `Close`, the task's
+//! exit, a crash, `kill -9`), the session is dropped at once.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use stator_ring::RingParams;
+use stator_ring::control::{
+    CONTROL_VERSION, MAX_PARALLELISM, Request, Response, frame_len, kind, msg, status,
+};
+use stator_ring::keygroup::key_group_range;
+use stator_shm::fdpass::send_fds;
+use stator_store::StateKind;
+
+use crate::config::Config;
+use crate::shard::{ShardHandle, ShardMsg};
+
+/// State names of every job, and their store-wide ids. Persisted, so that
+/// a restarted daemon gives the same (job, operator, name) the same id.
+pub struct Registry {
+    path: PathBuf,
+    entries: Vec<RegEntry>,
+    index: HashMap<(String, String, String), usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RegEntry {
+    job: String,
+    operator: String,
+    name: String,
+    kind: u8,
+    id: u32,
+}
+
+impl Registry {
+    /// Loads `<data_dir>/states.json` (or starts empty).
+    pub fn open(data_dir: &Path) -> std::io::Result<Registry> {
+        let path = data_dir.join("states.json");
+        let entries: Vec<RegEntry> = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{}: {e}", path.display()),
+                )
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let index = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((e.job.clone(), e.operator.clone(), e.name.clone()), i))
+            .collect();
+        Ok(Registry {
+            path,
+            entries,
+            index,
+        })
+    }
+
+    /// The store-wide id of a state, registering it (durably) if new.
+    fn register(&mut self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, (i32, String)> {
+        let key = (job.to_string(), op.to_string(), name.to_string());
+        if let Some(&i) = self.index.get(&key) {
+            let e = &self.entries[i];
+            if e.kind != k {
+                return Err((
+                    status::CONFLICT,
+                    format!(
+                        "state `{name}` of operator `{op}` is registered as {}, not {}",
+                        kind_name(e.kind),
+                        kind_name(k)
+                    ),
+                ));
+            }
+            return Ok(e.id);
+        }
+        let id = self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1);
+        self.entries.push(RegEntry {
+            job: key.0.clone(),
+            operator: key.1.clone(),
+            name: key.2.clone(),
+            kind: k,
+            id,
+        });
+        if let Err(e) = self.save() {
+            self.entries.pop();
+            return Err((
+                status::INTERNAL,
+                format!("cannot save the state registry: {e}"),
+            ));
+        }
+        self.index.insert(key, self.entries.len() - 1);
+        Ok(id)
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(&self.entries)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(d) = self.path.parent() {
+            std::fs::File::open(d)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+fn kind_name(k: u8) -> &'static str {
+    match k {
+        kind::VALUE => "a value state",
+        kind::LIST => "a list state",
+        kind::MAP => "a map state",
+        _ => "an unknown kind",
+    }
+}
+
+fn state_kind(k: u8) -> Option<StateKind> {
+    match k {
+        kind::VALUE => Some(StateKind::Value),
+        kind::LIST => Some(StateKind::List),
+        kind::MAP => Some(StateKind::Map),
+        _ => None,
+    }
+}
+
+/// What every connection thread shares.
+pub struct Ctx {
+    pub cfg: Config,
+    pub shards: Vec<ShardHandle>,
+    pub registry: Mutex<Registry>,
+    pub stopping: AtomicBool,
+    pub sessions: AtomicUsize,
+    pub next_session: AtomicU64,
+}
+
+/// Accepts connections until `ctx.stopping`; polls so that it notices.
+pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
+    listener
+        .set_nonblocking(true)
+        .expect("a listening socket can be made non-blocking");
+    while !ctx.stopping.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let ctx = ctx.clone();
+                let _ = stream.set_nonblocking(false);
+                let spawned = std::thread::Builder::new()
+                    .name("statord-conn".into())
+                    .spawn(move || serve(stream, &ctx));
+                if let Err(e) = spawned {
+                    tracing::error!(error = %e, "cannot start a connection thread");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let fd = listener.as_fd();
+                let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+                let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::error!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+struct Open {
+    id: u64,
+    shard: usize,
+    job: String,
+    operator: String,
+}
+
+fn read_frame(s: &mut UnixStream, buf: &mut Vec<u8>) -> std::io::Result<Option<()>> {
+    let mut pre = [0u8; 4];
+    match s.read_exact(&mut pre) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let n = frame_len(pre).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    buf.resize(n, 0);
+    s.read_exact(buf)?;
+    Ok(Some(()))
+}
+
+fn refuse(s: &mut UnixStream, request: u8, st: i32, message: impl Into<String>) {
+    let mut out = Vec::new();
+    Response::Error {
+        request,
+        status: st,
+        message: message.into(),
+    }
+    .encode(&mut out);
+    let _ = s.write_all(&out);
+}
+
+/// Serves one connection until it closes; then drops its session.
+fn serve(mut s: UnixStream, ctx: &Ctx) {
+    let uid = match nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials) {
+        Ok(c) => c.uid(),
+        Err(e) => {
+            tracing::warn!(error = %e, "SO_PEERCRED failed; connection refused");
+            return;
+        }
+    };
+    if !ctx.cfg.allowed_uids.contains(&uid) {
+        tracing::warn!(uid, "connection from a uid not in allowed_uids refused");
+        refuse(
+            &mut s,
+            msg::OPEN,
+            status::DENIED,
+            format!("uid {uid} is not allowed (allowed_uids)"),
+        );
+        return;
+    }
+    let mut session: Option<Open> = None;
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        match read_frame(&mut s, &mut buf) {
+            Ok(Some(())) => {}
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "control connection failed");
+                refuse(&mut s, 0, status::BAD_REQUEST, e.to_string());
+                break;
+            }
+        }
+        let req = match Request::decode(&buf) {
+            Ok(r) => r,
+            Err(e) => {
+                refuse(
+                    &mut s,
+                    buf.first().copied().unwrap_or(0),
+                    status::BAD_REQUEST,
+                    e.to_string(),
+                );
+                break;
+            }
+        };
+        match req {
+            Request::Open { .. } if session.is_some() => {
+                refuse(
+                    &mut s,
+                    msg::OPEN,
+                    status::STATE,
+                    "this connection already has a session",
+                );
+            }
+            Request::Open {
+                version,
+                job,
+                operator,
+                subtask,
+                parallelism,
+                max_parallelism,
+                sq_entries,
+                cq_entries,
+                arena_bytes,
+            } => match open(
+                ctx,
+                version,
+                &job,
+                &operator,
+                (subtask, parallelism, max_parallelism),
+                (sq_entries, cq_entries, arena_bytes),
+            ) {
+                Ok((o, resp, fds)) => {
+                    resp.encode(&mut out);
+                    let sent = send_fds(
+                        &s,
+                        &out,
+                        &[
+                            fds.memfd.as_fd(),
+                            fds.to_daemon.as_fd(),
+                            fds.to_client.as_fd(),
+                        ],
+                    );
+                    let failed = sent.is_err();
+                    session = Some(o);
+                    if failed {
+                        break;
+                    }
+                }
+                Err((st, m)) => refuse(&mut s, msg::OPEN, st, m),
+            },
+            Request::Register { kind: k, name } => {
+                let r = match &session {
+                    None => Err((status::STATE, "open a session first".to_string())),
+                    Some(o) => register(ctx, o, k, &name),
+                };
+                match r {
+                    Ok(state) => {
+                        Response::Registered { state }.encode(&mut out);
+                        if s.write_all(&out).is_err() {
+                            break;
+                        }
+                    }
+                    Err((st, m)) => refuse(&mut s, msg::REGISTER, st, m),
+                }
+            }
+            Request::Close => {
+                if let Some(o) = session.take() {
+                    close(ctx, &o);
+                }
+                Response::Closed.encode(&mut out);
+                let _ = s.write_all(&out);
+                break;
+            }
+        }
+    }
+    if let Some(o) = session.take() {
+        close(ctx, &o);
+    }
+}
+
+type Refusal = (i32, String);
+
+fn open(
+    ctx: &Ctx,
+    version: u16,
+    job: &str,
+    operator: &str,
+    (subtask, parallelism, max_parallelism): (u32, u32, u32),
+    (sq, cq, arena): (u32, u32, u64),
+) -> Result<(Open, Response, crate::shard::SessionFds), Refusal> {
+    let bad = |m: String| Err((status::BAD_REQUEST, m));
+    if version != CONTROL_VERSION {
+        return Err((
+            status::VERSION,
+            format!(
+                "control protocol version {version} is not supported (this daemon speaks {CONTROL_VERSION})"
+            ),
+        ));
+    }
+    if ctx.stopping.load(Ordering::Acquire) {
+        return Err((status::SHUTTING_DOWN, "the daemon is shutting down".into()));
+    }
+    if job.is_empty() || operator.is_empty() {
+        return bad("job and operator ids must not be empty".into());
+    }
+    if max_parallelism == 0 || max_parallelism > MAX_PARALLELISM {
+        return bad(format!(
+            "max parallelism {max_parallelism} is not in 1..={MAX_PARALLELISM}"
+        ));
+    }
+    if parallelism == 0 || parallelism > max_parallelism || subtask >= parallelism {
+        return bad(format!(
+            "subtask {subtask} of parallelism {parallelism} (max parallelism {max_parallelism}) is not a valid subtask"
+        ));
+    }
+    let lim = &ctx.cfg.session;
+    let pick = |v: u32, d: u32, what: &str| -> Result<u32, Refusal> {
+        let v = if v == 0 { d } else { v };
+        if !v.is_power_of_two() || !(64..=lim.max_entries).contains(&v) {
+            return Err((
+                status::LIMIT,
+                format!(
+                    "{what} {v} is not a power of two in 64..={} (session.max_entries)",
+                    lim.max_entries
+                ),
+            ));
+        }
+        Ok(v)
+    };
+    let sq_entries = pick(sq, lim.sq_entries, "sq_entries")?;
+    let cq_entries = pick(cq, lim.cq_entries, "cq_entries")?;
+    let arena_len = if arena == 0 {
+        lim.arena_mib << 20
+    } else {
+        arena
+    };
+    if arena_len > lim.max_arena_mib << 20 {
+        return Err((
+            status::LIMIT,
+            format!(
+                "arena of {arena_len} bytes exceeds session.max_arena_mib ({} MiB)",
+                lim.max_arena_mib
+            ),
+        ));
+    }
+    if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_sessions {
+        ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+        return Err((
+            status::LIMIT,
+            format!("{} sessions are open (max_sessions)", ctx.cfg.max_sessions),
+        ));
+    }
+    let (lo, hi) = key_group_range(max_parallelism, parallelism, subtask);
+    // A subtask's key groups always live on the same shard: the shard is
+    // a function of who owns them, so a reopened session finds its state.
+    let shard = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (job, operator, lo, hi).hash(&mut h);
+        (h.finish() % ctx.shards.len() as u64) as usize
+    };
+    let id = ctx.next_session.fetch_add(1, Ordering::Relaxed);
+    let params = RingParams {
+        sq_entries,
+        cq_entries,
+        buf_entries: cq_entries,
+        arena_len,
+        chunk_len: 0,
+    };
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let sent = ctx.shards[shard].send(ShardMsg::Open {
+        session: id,
+        params,
+        key_groups: (lo, hi),
+        max_in_flight: lim.max_in_flight,
+        reply: tx,
+    });
+    let r = if sent { rx.recv().ok() } else { None };
+    match r {
+        Some(Ok(fds)) => {
+            tracing::info!(session = id, job, operator, subtask, key_groups = ?(lo, hi), shard, "session opened");
+            Ok((
+                Open {
+                    id,
+                    shard,
+                    job: job.to_string(),
+                    operator: operator.to_string(),
+                },
+                Response::Opened {
+                    session: id,
+                    key_group_lo: lo,
+                    key_group_hi: hi,
+                    shard: shard as u32,
+                },
+                fds,
+            ))
+        }
+        other => {
+            ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+            let m = match other {
+                Some(Err(m)) => m,
+                _ => "the shard is not running".into(),
+            };
+            Err((status::INTERNAL, format!("cannot create the session: {m}")))
+        }
+    }
+}
+
+fn register(ctx: &Ctx, o: &Open, k: u8, name: &str) -> Result<u32, Refusal> {
+    let kind = state_kind(k).ok_or((status::BAD_REQUEST, format!("unknown state kind {k}")))?;
+    if name.is_empty() {
+        return Err((status::BAD_REQUEST, "state name must not be empty".into()));
+    }
+    let store_id = ctx
+        .registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .register(&o.job, &o.operator, name, k)?;
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    ctx.shards[o.shard].send(ShardMsg::AddState {
+        session: o.id,
+        kind,
+        store_id,
+        max_states: ctx.cfg.session.max_states,
+        reply: tx,
+    });
+    match rx.recv() {
+        Ok(Ok(id)) => Ok(id),
+        Ok(Err(m)) => Err((status::LIMIT, m)),
+        Err(_) => Err((status::INTERNAL, "the shard is not running".into())),
+    }
+}
+
+fn close(ctx: &Ctx, o: &Open) {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    if ctx.shards[o.shard].send(ShardMsg::Close {
+        session: o.id,
+        reply: tx,
+    }) {
+        let _ = rx.recv_timeout(Duration::from_secs(5));
+    }
+    ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+    tracing::info!(session = o.id, "session closed");
+}

@@ -1,0 +1,190 @@
+//! `statord`: the per-host Stator daemon.
+//!
+//! - [`config`]: the embedded default, the TOML file and flags, checked
+//!   once with errors that name the key;
+//! - [`control`]: the control socket (`daemon/CONTROL.md`): sessions are
+//!   opened, states registered and sessions closed there, and a connection
+//!   that closes drops its session;
+//! - [`shard`]: the shard threads, each with its own io_uring and store,
+//!   serving the sessions pinned to it through shared memory.
+//!
+//! [`Daemon::start`] brings it all up; [`Daemon::stop`] drains it. The
+//! binary adds flags, logging and signals around them.
+
+pub mod config;
+pub mod control;
+pub mod shard;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use stator_ring::Doorbell;
+use stator_store::io::UringIo;
+use stator_store::{Store, StoreConfig};
+
+use crate::config::Config;
+use crate::control::{Ctx, Registry};
+use crate::shard::{Shard, ShardHandle, ShardMsg, ShardStats};
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{what} {path}: {err}")]
+    Path {
+        what: &'static str,
+        path: String,
+        err: std::io::Error,
+    },
+    #[error("another statord is serving {0}")]
+    InUse(String),
+    #[error("shard {shard}: {msg}")]
+    Shard { shard: usize, msg: String },
+}
+
+/// A running daemon.
+pub struct Daemon {
+    ctx: Arc<Ctx>,
+    acceptor: Option<JoinHandle<()>>,
+    shards: Vec<JoinHandle<ShardStats>>,
+}
+
+fn path_err(what: &'static str, p: &std::path::Path) -> impl FnOnce(std::io::Error) -> StartError {
+    let path = p.display().to_string();
+    move |err| StartError::Path { what, path, err }
+}
+
+impl Daemon {
+    /// Opens every shard's store, binds the control socket and starts
+    /// serving. `cfg` must come from [`Config::resolve`].
+    pub fn start(cfg: Config) -> Result<Daemon, StartError> {
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(path_err("cannot create data_dir", &cfg.data_dir))?;
+        std::fs::create_dir_all(&cfg.run_dir)
+            .map_err(path_err("cannot create run_dir", &cfg.run_dir))?;
+        let sock = cfg.socket_path();
+        if std::os::unix::net::UnixStream::connect(&sock).is_ok() {
+            return Err(StartError::InUse(sock.display().to_string()));
+        }
+        // A socket file nobody answers on is a leftover of a crash.
+        let _ = std::fs::remove_file(&sock);
+        let registry = Registry::open(&cfg.data_dir)
+            .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?;
+
+        let mut handles = Vec::new();
+        let mut shards = Vec::new();
+        for i in 0..cfg.shards {
+            let dir = cfg.data_dir.join(format!("shard-{i}"));
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let bell = Arc::new(Doorbell::new().map_err(|e| StartError::Shard {
+                shard: i,
+                msg: format!("eventfd: {e}"),
+            })?);
+            let (budget, spin, batch) = (
+                cfg.shard_budget(),
+                Duration::from_micros(cfg.spin_us),
+                cfg.session.batch,
+            );
+            let b = bell.clone();
+            let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+            // The store is the shard thread's own (it is not Send): it is
+            // opened there, and the outcome reported back.
+            let j = std::thread::Builder::new()
+                .name(format!("statord-shard-{i}"))
+                .spawn(move || {
+                    let opened = UringIo::new(1024, true)
+                        .map_err(|e| format!("cannot create an io_uring: {e}"))
+                        .and_then(|io| {
+                            Store::open(StoreConfig::new(&dir, budget), io).map_err(|e| e.to_string())
+                        });
+                    match opened {
+                        Ok((store, report)) => {
+                            if !report.torn.is_empty() {
+                                tracing::warn!(shard = i, torn = ?report.torn, "torn segment files were set aside");
+                            }
+                            tracing::info!(shard = i, dir = %dir.display(), segments = report.segments, "store opened");
+                            let _ = ready_tx.send(Ok(()));
+                            Shard::new(i, store, rx, b, spin, batch).run()
+                        }
+                        Err(m) => {
+                            let _ = ready_tx.send(Err(m));
+                            ShardStats::default()
+                        }
+                    }
+                })
+                .map_err(|e| StartError::Shard {
+                    shard: i,
+                    msg: format!("cannot start the thread: {e}"),
+                })?;
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(msg)) => return Err(StartError::Shard { shard: i, msg }),
+                Err(_) => {
+                    return Err(StartError::Shard {
+                        shard: i,
+                        msg: "the shard thread died while opening its store".into(),
+                    });
+                }
+            }
+            shards.push(j);
+            handles.push(ShardHandle { tx, bell });
+        }
+
+        let listener =
+            UnixListener::bind(&sock).map_err(path_err("cannot bind the control socket", &sock))?;
+        // Any local user may connect; SO_PEERCRED decides who may open.
+        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+        let ctx = Arc::new(Ctx {
+            cfg,
+            shards: handles,
+            registry: Mutex::new(registry),
+            stopping: AtomicBool::new(false),
+            sessions: AtomicUsize::new(0),
+            next_session: AtomicU64::new(1),
+        });
+        let c = ctx.clone();
+        let acceptor = std::thread::Builder::new()
+            .name("statord-accept".into())
+            .spawn(move || control::accept_loop(listener, c))
+            .map_err(|e| StartError::Shard {
+                shard: usize::MAX,
+                msg: format!("cannot start the acceptor: {e}"),
+            })?;
+        tracing::info!(socket = %sock.display(), shards = ctx.shards.len(), "statord is serving");
+        Ok(Daemon {
+            ctx,
+            acceptor: Some(acceptor),
+            shards,
+        })
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Config {
+        &self.ctx.cfg
+    }
+
+    /// Open sessions.
+    pub fn sessions(&self) -> usize {
+        self.ctx.sessions.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting sessions, answers what is in flight, flushes every
+    /// store and joins the threads.
+    pub fn stop(mut self) -> Vec<ShardStats> {
+        self.ctx.stopping.store(true, Ordering::Release);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        let _ = std::fs::remove_file(self.ctx.cfg.socket_path());
+        for h in &self.ctx.shards {
+            h.send(ShardMsg::Shutdown);
+        }
+        self.shards
+            .drain(..)
+            .filter_map(|j| j.join().ok())
+            .collect()
+    }
+}

@@ -1,0 +1,876 @@
+//! A shard: one thread, one io_uring, one store, the sessions pinned to it.
+//!
+//! The loop drains each session's submission queue in batches (copying
+//! every descriptor and every byte it names out of shared memory once,
+//! then validating), runs the batch against the store with
+//! `submit_batch` (which prefetches across the batch), writes results into
+//! the client's buffers, and publishes completions with one tail store per
+//! session per pass. Reads that need the disk complete later, through the
+//! store's poll. When idle it spins for `spin`, then sleeps in the store's
+//! io_uring wait, which also covers every session's doorbell and the
+//! shard's own control doorbell.
+//!
+//! A session may have at most as many requests in the daemon as its
+//! completion queue has free slots (and `max_in_flight`): a slot is
+//! reserved when a descriptor is taken, so a completion always has room
+//! and daemon memory never grows with a client that does not reap.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use slab::Slab;
+use stator_ring::cqe::cqe_flags;
+use stator_ring::queue::QueueError;
+use stator_ring::session::TakeBufError;
+use stator_ring::sqe::{SegRange, iter_mode, sqe_flags};
+use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
+use stator_shm::Segment;
+use stator_store::io::UringIo;
+use stator_store::{IterMode, KeyRef, Op, Output, StateKind, Store, StoreError, Submitted};
+
+type Ring<'a> = DaemonRing<'a>;
+
+self_cell::self_cell!(
+    /// A session's mapped segment and the daemon's end of its rings.
+    struct Mem {
+        owner: Segment,
+        #[covariant]
+        dependent: Ring,
+    }
+);
+
+/// What the control side asks of a shard.
+pub enum ShardMsg {
+    Open {
+        session: u64,
+        params: RingParams,
+        key_groups: (u16, u16),
+        max_in_flight: u32,
+        reply: Sender<Result<SessionFds, String>>,
+    },
+    /// Adds a state to a session; the reply is its session-local id.
+    AddState {
+        session: u64,
+        kind: StateKind,
+        store_id: u32,
+        max_states: u32,
+        reply: Sender<Result<u32, String>>,
+    },
+    Close {
+        session: u64,
+        reply: Sender<()>,
+    },
+    Shutdown,
+}
+
+/// The fds a client needs: segment, doorbell to the daemon, doorbell to
+/// the client (duplicates; the shard keeps its own).
+pub struct SessionFds {
+    pub memfd: OwnedFd,
+    pub to_daemon: OwnedFd,
+    pub to_client: OwnedFd,
+}
+
+/// The control side's handle on a shard thread.
+pub struct ShardHandle {
+    pub tx: Sender<ShardMsg>,
+    pub bell: Arc<Doorbell>,
+}
+
+impl ShardHandle {
+    /// Sends `m` and wakes the shard.
+    pub fn send(&self, m: ShardMsg) -> bool {
+        let ok = self.tx.send(m).is_ok();
+        self.bell.ring();
+        ok
+    }
+}
+
+/// Counters a shard keeps (for logs now, the status socket later).
+#[derive(Default, Debug, Clone, Copy)]
+pub struct ShardStats {
+    pub requests: u64,
+    pub errors: u64,
+    pub sleeps: u64,
+    pub sessions_opened: u64,
+    pub sessions_closed: u64,
+}
+
+struct Session {
+    id: u64,
+    mem: Mem,
+    to_daemon: Doorbell,
+    to_client: Doorbell,
+    key_groups: (u16, u16),
+    /// Session-local state id -> (kind, store-wide state id).
+    states: Vec<(StateKind, u32)>,
+    /// Descriptors taken whose completion is not pushed yet.
+    in_flight: u32,
+    max_in_flight: u32,
+    /// A doorbell poll is armed in the ring.
+    armed: bool,
+    /// Completions pushed since the last publish.
+    dirty: bool,
+    /// Waiting for completion-queue room while descriptors wait.
+    cq_blocked: bool,
+    /// The client broke the queue protocol; nothing more is taken.
+    broken: bool,
+}
+
+/// Where a result goes.
+#[derive(Clone, Copy, Debug)]
+enum Out {
+    None,
+    Range(SegRange),
+    Buf { id: u32, off: usize, len: usize },
+}
+
+/// A request waiting for the store.
+struct Pending {
+    session: u64,
+    user_data: u64,
+    out: Out,
+}
+
+/// A validated request of the current batch; byte ranges index `scratch`.
+struct Item {
+    user_data: u64,
+    op: Opcode,
+    flags: u8,
+    key_group: u16,
+    kind: StateKind,
+    state: u32,
+    key: Range<usize>,
+    ns: Range<usize>,
+    uk: Range<usize>,
+    val: Range<usize>,
+    arg: u64,
+    out: Out,
+}
+
+const BELL_TOKEN: u64 = 0;
+
+pub struct Shard {
+    id: usize,
+    store: Store<UringIo>,
+    sessions: Slab<Session>,
+    by_id: HashMap<u64, usize>,
+    pending: Slab<Pending>,
+    rx: Receiver<ShardMsg>,
+    bell: Arc<Doorbell>,
+    bell_armed: bool,
+    spin: Duration,
+    batch: u32,
+    scratch: Vec<u8>,
+    items: Vec<Item>,
+    tokens: Vec<u64>,
+    ready: Vec<u64>,
+    stopping: bool,
+    pub stats: ShardStats,
+}
+
+fn status_of(e: &StoreError) -> Status {
+    match e {
+        StoreError::Io { .. } => Status::Io,
+        StoreError::NoSpace { .. } => Status::NoSpace,
+        StoreError::Corrupt { .. } => Status::Corrupt,
+        StoreError::TooLarge { .. } => Status::TooLarge,
+        StoreError::OverBudget { .. } => Status::Busy,
+        StoreError::Invalid(_) => Status::BadArgument,
+        StoreError::Dir { .. } => Status::Internal,
+    }
+}
+
+fn kind_of(op: Opcode) -> Option<StateKind> {
+    use Opcode::*;
+    match op {
+        Get | Put | Delete => Some(StateKind::Value),
+        ListAppend | ListGet | ListReplace => Some(StateKind::List),
+        MapGet | MapPut | MapRemove | MapContains | MapIter => Some(StateKind::Map),
+        _ => None,
+    }
+}
+
+/// Pushes one completion into a queue whose room was reserved.
+fn push(ring: &mut Ring<'_>, c: &Cqe) -> Result<(), QueueError> {
+    match ring.cq.push(c)? {
+        true => Ok(()),
+        // Room is reserved per taken descriptor; a full queue here means
+        // the client moved its head backwards, which push reports itself.
+        false => Err(QueueError::BadHead {
+            previous: 0,
+            head: 0,
+            tail: ring.cq.position(),
+        }),
+    }
+}
+
+/// Copies `parts` into the request's result buffer; the completion.
+fn write_result(ring: &Ring<'_>, user_data: u64, out: Out, parts: &[&[u8]]) -> Cqe {
+    let need: usize = parts.iter().map(|p| p.len()).sum();
+    let mut c = Cqe::status(user_data, Status::Ok);
+    let (off, cap) = match out {
+        Out::Range(r) => (r.off, r.len),
+        Out::Buf { id, off, len } => {
+            c.flags |= cqe_flags::BUFFER;
+            c.buf_id = id;
+            (off, len)
+        }
+        Out::None => (0, 0),
+    };
+    if need > cap {
+        c.status = Status::ResultTooLarge as i32;
+        c.len = need.min(u32::MAX as usize) as u32;
+        return c;
+    }
+    let mut at = off;
+    for p in parts {
+        if ring.view().write_from(at, p).is_err() {
+            c.status = Status::BadRange as i32;
+            return c;
+        }
+        at += p.len();
+    }
+    c.len = need as u32;
+    c
+}
+
+/// The completion of a request whose store result is `res`.
+fn completion(
+    ring: &Ring<'_>,
+    user_data: u64,
+    out: Out,
+    res: Result<Output<'_>, StoreError>,
+) -> Cqe {
+    let with_buf = |mut c: Cqe| {
+        if let Out::Buf { id, .. } = out {
+            c.flags |= cqe_flags::BUFFER;
+            c.buf_id = id;
+        }
+        c
+    };
+    match res {
+        Err(e) => with_buf(Cqe::status(user_data, status_of(&e))),
+        Ok(Output::Done) => with_buf(Cqe::status(user_data, Status::Ok)),
+        Ok(Output::Contains(b)) => {
+            let mut c = with_buf(Cqe::status(user_data, Status::Ok));
+            c.aux = b as u64;
+            c
+        }
+        Ok(Output::Value(None)) => with_buf(Cqe::status(user_data, Status::NotFound)),
+        Ok(Output::Value(Some(v))) => write_result(ring, user_data, out, &[v]),
+        Ok(Output::Page {
+            data,
+            entries,
+            last_key,
+            more,
+        }) => {
+            // `data | last user key | u32 its length` (PROTOCOL.md §6).
+            let klen = (last_key.len() as u32).to_le_bytes();
+            let mut c = write_result(ring, user_data, out, &[data, last_key, &klen]);
+            c.aux = entries as u64;
+            if more {
+                c.flags |= cqe_flags::MORE;
+            }
+            c
+        }
+    }
+}
+
+impl Shard {
+    pub fn new(
+        id: usize,
+        store: Store<UringIo>,
+        rx: Receiver<ShardMsg>,
+        bell: Arc<Doorbell>,
+        spin: Duration,
+        batch: u32,
+    ) -> Shard {
+        Shard {
+            id,
+            store,
+            sessions: Slab::new(),
+            by_id: HashMap::new(),
+            pending: Slab::new(),
+            rx,
+            bell,
+            bell_armed: false,
+            spin,
+            batch,
+            scratch: Vec::new(),
+            items: Vec::new(),
+            tokens: Vec::new(),
+            ready: Vec::new(),
+            stopping: false,
+            stats: ShardStats::default(),
+        }
+    }
+
+    /// Runs until `Shutdown`: then answers what is in flight, flushes the
+    /// store so that state written so far survives a restart, and returns.
+    pub fn run(mut self) -> ShardStats {
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            self.control();
+            if self.stopping {
+                self.finish();
+                return self.stats;
+            }
+            let mut progress = false;
+            for slot in 0..self.sessions.capacity() {
+                if self.sessions.contains(slot) {
+                    progress |= self.service(slot);
+                }
+            }
+            progress |= self.reap();
+            self.publish();
+            if progress {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            if now.duration_since(*idle_since.get_or_insert(now)) < self.spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep();
+            idle_since = None;
+        }
+    }
+
+    fn control(&mut self) {
+        loop {
+            let m = match self.rx.try_recv() {
+                Ok(m) => m,
+                Err(crossbeam_channel::TryRecvError::Empty) => return,
+                // The daemon is gone without a word: stop as on Shutdown.
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    self.stopping = true;
+                    return;
+                }
+            };
+            match m {
+                ShardMsg::Open {
+                    session,
+                    params,
+                    key_groups,
+                    max_in_flight,
+                    reply,
+                } => {
+                    let r = self.open(session, params, key_groups, max_in_flight);
+                    let _ = reply.send(r);
+                }
+                ShardMsg::AddState {
+                    session,
+                    kind,
+                    store_id,
+                    max_states,
+                    reply,
+                } => {
+                    let r = match self.by_id.get(&session) {
+                        None => Err("no such session".to_string()),
+                        Some(&slot) => {
+                            let s = &mut self.sessions[slot];
+                            match s.states.iter().position(|&(_, id)| id == store_id) {
+                                Some(i) => Ok(i as u32),
+                                None if s.states.len() as u32 >= max_states => Err(format!(
+                                    "the session already has {max_states} states (session.max_states)"
+                                )),
+                                None => {
+                                    s.states.push((kind, store_id));
+                                    Ok(s.states.len() as u32 - 1)
+                                }
+                            }
+                        }
+                    };
+                    let _ = reply.send(r);
+                }
+                ShardMsg::Close { session, reply } => {
+                    self.close(session);
+                    let _ = reply.send(());
+                }
+                ShardMsg::Shutdown => self.stopping = true,
+            }
+        }
+    }
+
+    fn open(
+        &mut self,
+        id: u64,
+        params: RingParams,
+        key_groups: (u16, u16),
+        max_in_flight: u32,
+    ) -> Result<SessionFds, String> {
+        let layout = RingLayout::new(params).map_err(|e| e.to_string())?;
+        let seg =
+            Segment::create(c"stator-session", layout.total_len).map_err(|e| e.to_string())?;
+        let mem = Mem::try_new(seg, |seg| DaemonRing::create(seg.view(), params))
+            .map_err(|e| e.to_string())?;
+        let to_daemon = Doorbell::new().map_err(|e| e.to_string())?;
+        let to_client = Doorbell::new().map_err(|e| e.to_string())?;
+        let dup =
+            |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map_err(|e| e.to_string());
+        let fds = SessionFds {
+            memfd: dup(mem.borrow_owner().fd())?,
+            to_daemon: dup(to_daemon.fd())?,
+            to_client: dup(to_client.fd())?,
+        };
+        let slot = self.sessions.insert(Session {
+            id,
+            mem,
+            to_daemon,
+            to_client,
+            key_groups,
+            states: Vec::new(),
+            in_flight: 0,
+            max_in_flight: max_in_flight.min(params.cq_entries),
+            armed: false,
+            dirty: false,
+            cq_blocked: false,
+            broken: false,
+        });
+        self.by_id.insert(id, slot);
+        self.stats.sessions_opened += 1;
+        tracing::debug!(shard = self.id, session = id, "session opened");
+        Ok(fds)
+    }
+
+    /// Drops a session: its memory is unmapped here (the client may keep
+    /// its own mapping); requests still at the store are answered to no one.
+    fn close(&mut self, id: u64) {
+        let Some(slot) = self.by_id.remove(&id) else {
+            return;
+        };
+        let s = self.sessions.remove(slot);
+        s.mem.borrow_dependent().mark_closing();
+        if s.armed {
+            // Fire the armed poll so the ring lets go of the eventfd; its
+            // token then names no session and is ignored.
+            s.to_daemon.ring();
+        }
+        self.stats.sessions_closed += 1;
+        tracing::debug!(shard = self.id, session = id, "session closed");
+    }
+
+    /// Takes up to one batch of descriptors from session `slot` and runs
+    /// them. True if anything was taken.
+    fn service(&mut self, slot: usize) -> bool {
+        let Shard {
+            store,
+            sessions,
+            pending,
+            scratch,
+            items,
+            tokens,
+            stats,
+            batch,
+            ..
+        } = self;
+        let s = &mut sessions[slot];
+        if s.broken {
+            return false;
+        }
+        let sid = s.id;
+        let (kg_lo, kg_hi) = s.key_groups;
+        let states = &s.states;
+        let in_flight = &mut s.in_flight;
+        let max_in_flight = s.max_in_flight;
+        let cq_blocked = &mut s.cq_blocked;
+        let to_client = &s.to_client;
+        let mut pushed = false;
+        let r = s
+            .mem
+            .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
+                let avail = ring.sq.available()?;
+                if avail == 0 {
+                    return Ok(false);
+                }
+                let room = ring.cq.free_now()?.saturating_sub(*in_flight);
+                let room = room.min(max_in_flight.saturating_sub(*in_flight));
+                let n = avail.min(room).min(*batch);
+                *cq_blocked = n == 0;
+                if n == 0 {
+                    return Ok(false);
+                }
+                scratch.clear();
+                items.clear();
+                for _ in 0..n {
+                    let Some(sqe) = ring.sq.pop()? else { break };
+                    stats.requests += 1;
+                    match take(ring, &sqe, states, (kg_lo, kg_hi), scratch) {
+                        Ok(Some(item)) => items.push(item),
+                        Ok(None) => {
+                            // Answered at once (no-op, not supported here).
+                            let c = immediate(&sqe);
+                            push(ring, &c)?;
+                            pushed = true;
+                        }
+                        Err((st, out)) => {
+                            stats.errors += 1;
+                            let mut c = Cqe::status(sqe.user_data, st);
+                            if let Some((id, _, _)) = out {
+                                c.flags |= cqe_flags::BUFFER;
+                                c.buf_id = id;
+                            }
+                            push(ring, &c)?;
+                            pushed = true;
+                        }
+                    }
+                }
+                if ring.sq.release() {
+                    // The client waits for room in its submission queue.
+                    to_client.ring();
+                }
+                if items.is_empty() {
+                    return Ok(true);
+                }
+                tokens.clear();
+                for it in items.iter() {
+                    tokens.push(pending.insert(Pending {
+                        session: sid,
+                        user_data: it.user_data,
+                        out: it.out,
+                    }) as u64);
+                }
+                let sc = &scratch[..];
+                let ops: Vec<Op<'_>> = items.iter().map(|it| op_of(it, sc)).collect();
+                let mut err: Result<(), QueueError> = Ok(());
+                store.submit_batch(tokens, &ops, |i, res| {
+                    let tok = tokens[i] as usize;
+                    let c = match res {
+                        Ok(Submitted::Pending) => {
+                            *in_flight += 1;
+                            return;
+                        }
+                        Ok(Submitted::Ready(o)) => {
+                            let p = pending.remove(tok);
+                            completion(ring, p.user_data, p.out, Ok(o))
+                        }
+                        Err(e) => {
+                            let p = pending.remove(tok);
+                            stats.errors += 1;
+                            completion(ring, p.user_data, p.out, Err(e))
+                        }
+                    };
+                    if err.is_ok() {
+                        err = push(ring, &c);
+                    }
+                    pushed = true;
+                });
+                err.map(|()| true)
+            });
+        if pushed {
+            s.dirty = true;
+        }
+        match r {
+            Ok(progress) => progress,
+            Err(e) => {
+                tracing::warn!(shard = self.id, session = sid, error = %e, "session broke the queue protocol; it is ignored until it closes");
+                s.broken = true;
+                false
+            }
+        }
+    }
+
+    /// Delivers store completions. True if any.
+    fn reap(&mut self) -> bool {
+        let Shard {
+            store,
+            sessions,
+            by_id,
+            pending,
+            ..
+        } = self;
+        let n = store.poll(|tok, res| {
+            let p = pending.remove(tok as usize);
+            let Some(&slot) = by_id.get(&p.session) else {
+                return;
+            };
+            let s = &mut sessions[slot];
+            s.in_flight -= 1;
+            s.dirty = true;
+            let r = s.mem.with_dependent_mut(|_, ring| {
+                let c = completion(ring, p.user_data, p.out, res);
+                push(ring, &c)
+            });
+            if r.is_err() {
+                s.broken = true;
+            }
+        });
+        n > 0
+    }
+
+    /// Publishes the completions of every session that has new ones, and
+    /// rings the client's doorbell if it sleeps.
+    fn publish(&mut self) {
+        for (_, s) in self.sessions.iter_mut() {
+            if !s.dirty {
+                continue;
+            }
+            s.dirty = false;
+            if s.mem.with_dependent_mut(|_, ring| ring.cq.publish()) {
+                s.to_client.ring();
+            }
+        }
+    }
+
+    /// Sleeps until a doorbell, a store completion or a timeout.
+    fn sleep(&mut self) {
+        self.stats.sleeps += 1;
+        let mut work = !self.rx.is_empty();
+        for (_, s) in self.sessions.iter_mut() {
+            if s.broken {
+                continue;
+            }
+            let blocked = s.cq_blocked;
+            let r = s
+                .mem
+                .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
+                    let mut w = ring.sq.prepare_sleep()?;
+                    if blocked {
+                        // Wake when the client frees completion slots.
+                        w |= ring.cq.prepare_wait()?;
+                    }
+                    Ok(w)
+                });
+            match r {
+                Ok(w) => work |= w && !blocked,
+                Err(_) => s.broken = true,
+            }
+        }
+        if !work {
+            let io = self.store.io_mut();
+            for (_, s) in self.sessions.iter_mut() {
+                if !s.armed && !s.broken {
+                    io.poll_readable(s.to_daemon.fd(), s.id);
+                    s.armed = true;
+                }
+            }
+            if !self.bell_armed {
+                io.poll_readable(self.bell.fd(), BELL_TOKEN);
+                self.bell_armed = true;
+            }
+            let t = if self.store.busy() || self.store.pending() > 0 {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_secs(1)
+            };
+            if self.rx.is_empty() {
+                let _ = self.store.wait(Some(t));
+            }
+        }
+        for (_, s) in self.sessions.iter_mut() {
+            s.mem.with_dependent_mut(|_, ring| {
+                ring.sq.end_sleep();
+                ring.cq.end_wait();
+            });
+        }
+        self.ready.clear();
+        self.store.io_mut().take_ready(&mut self.ready);
+        for &t in &self.ready {
+            if t == BELL_TOKEN {
+                self.bell.drain();
+                self.bell_armed = false;
+            } else if let Some(&slot) = self.by_id.get(&t) {
+                let s = &mut self.sessions[slot];
+                s.to_daemon.drain();
+                s.armed = false;
+            }
+        }
+    }
+
+    /// Shutdown: one last pass over every queue, every read finished and
+    /// answered, completions published, then the memtable flushed.
+    fn finish(&mut self) {
+        for (_, s) in self.sessions.iter() {
+            s.mem.borrow_dependent().mark_closing();
+        }
+        for slot in 0..self.sessions.capacity() {
+            if self.sessions.contains(slot) {
+                self.service(slot);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.store.pending() > 0 && Instant::now() < deadline {
+            self.reap();
+            if self.store.pending() > 0 {
+                let _ = self.store.wait(Some(Duration::from_millis(5)));
+            }
+        }
+        self.reap();
+        self.publish();
+        for (_, s) in self.sessions.iter() {
+            // Clients sleeping for completions see `closing` now.
+            s.to_client.ring();
+        }
+        self.store.flush();
+        self.store.settle();
+        tracing::info!(shard = self.id, stats = ?self.stats, "shard stopped");
+    }
+}
+
+/// The completion of a request answered without the store.
+fn immediate(sqe: &Sqe) -> Cqe {
+    match Opcode::from_u8(sqe.opcode) {
+        Some(Opcode::Nop) => {
+            let mut c = Cqe::status(sqe.user_data, Status::Ok);
+            c.aux = sqe.arg;
+            c
+        }
+        _ => Cqe::status(sqe.user_data, Status::Unsupported),
+    }
+}
+
+type Refusal = (Status, Option<(u32, usize, usize)>);
+
+/// Validates a descriptor (already copied out of shared memory) and copies
+/// the bytes it names into `scratch`. `Ok(None)`: answered without the
+/// store. `Err`: refused with that status (naming the provided buffer it
+/// consumed, if any).
+fn take(
+    ring: &mut Ring<'_>,
+    sqe: &Sqe,
+    states: &[(StateKind, u32)],
+    (kg_lo, kg_hi): (u16, u16),
+    scratch: &mut Vec<u8>,
+) -> Result<Option<Item>, Refusal> {
+    let v = sqe
+        .validate(ring.arena())
+        .map_err(|e| (Status::from(e), None))?;
+    let Some(want) = kind_of(v.op) else {
+        return if v.op == Opcode::Clear {
+            take_keyed(ring, &v, states, (kg_lo, kg_hi), scratch, None)
+        } else {
+            Ok(None)
+        };
+    };
+    take_keyed(ring, &v, states, (kg_lo, kg_hi), scratch, Some(want))
+}
+
+fn take_keyed(
+    ring: &mut Ring<'_>,
+    v: &stator_ring::ValidSqe,
+    states: &[(StateKind, u32)],
+    (kg_lo, kg_hi): (u16, u16),
+    scratch: &mut Vec<u8>,
+    want: Option<StateKind>,
+) -> Result<Option<Item>, Refusal> {
+    let &(kind, state) = states
+        .get(v.state_id as usize)
+        .ok_or((Status::BadState, None))?;
+    if want.is_some_and(|w| w != kind) {
+        return Err((Status::BadState, None));
+    }
+    if v.key_group < kg_lo || v.key_group > kg_hi {
+        return Err((Status::BadKeyGroup, None));
+    }
+    if v.op == Opcode::MapIter
+        && !matches!(
+            v.arg,
+            iter_mode::KEYS | iter_mode::VALUES | iter_mode::ENTRIES
+        )
+    {
+        return Err((Status::BadArgument, None));
+    }
+    let fields = v.op.fields();
+    let out = if !fields.output {
+        Out::None
+    } else if v.buffer_select() {
+        match ring.take_buffer() {
+            Ok(Some(b)) => Out::Buf {
+                id: b.buf_id,
+                off: b.seg_off,
+                len: b.len,
+            },
+            Ok(None) | Err(TakeBufError::NoRing) => return Err((Status::NoBuffer, None)),
+            Err(TakeBufError::Bad(b)) => return Err((Status::BadBuffer, Some((b.buf_id, 0, 0)))),
+            Err(TakeBufError::Queue(_)) => return Err((Status::BadBuffer, None)),
+        }
+    } else {
+        Out::Range(v.value)
+    };
+    let refuse = |st: Status| match out {
+        Out::Buf { id, off, len } => (st, Some((id, off, len))),
+        _ => (st, None),
+    };
+    let mut copy = |r: SegRange| -> Result<Range<usize>, Refusal> {
+        let start = scratch.len();
+        scratch.resize(start + r.len, 0);
+        ring.view()
+            .read_into(r.off, &mut scratch[start..])
+            .map_err(|_| refuse(Status::BadRange))?;
+        Ok(start..start + r.len)
+    };
+    let key = copy(v.key)?;
+    let ns = copy(v.namespace)?;
+    let uk = copy(v.user_key)?;
+    let val = if fields.value_in {
+        copy(v.value)?
+    } else {
+        0..0
+    };
+    Ok(Some(Item {
+        user_data: v.user_data,
+        op: v.op,
+        flags: v.flags,
+        key_group: v.key_group,
+        kind,
+        state,
+        key,
+        ns,
+        uk,
+        val,
+        arg: v.arg,
+        out,
+    }))
+}
+
+/// The store operation of a validated request.
+fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
+    let k = KeyRef {
+        key_group: it.key_group,
+        state: it.state,
+        key: &sc[it.key.clone()],
+        namespace: &sc[it.ns.clone()],
+    };
+    let uk = &sc[it.uk.clone()];
+    let val = &sc[it.val.clone()];
+    match it.op {
+        Opcode::Get => Op::Get(k),
+        Opcode::Put => Op::Put(k, val),
+        Opcode::Delete => Op::Delete(k),
+        Opcode::ListAppend => Op::ListAppend(k, val),
+        Opcode::ListGet => Op::ListGet(k),
+        Opcode::ListReplace => Op::ListReplace(k, val),
+        Opcode::MapGet => Op::MapGet(k, uk),
+        Opcode::MapPut => Op::MapPut(k, uk, val),
+        Opcode::MapRemove => Op::MapRemove(k, uk),
+        Opcode::MapContains => Op::MapContains(k, uk),
+        Opcode::MapIter => {
+            let cap = match it.out {
+                Out::Range(r) => r.len,
+                Out::Buf { len, .. } => len,
+                Out::None => 0,
+            };
+            // Room for the resume cursor after the page (a user key is at
+            // most 64 KiB): a quarter of the buffer, up to 64 KiB + 4.
+            let reserve = (cap / 4).min((64 << 10) + 4).max(4);
+            Op::MapIter {
+                map: k,
+                mode: match it.arg {
+                    iter_mode::KEYS => IterMode::Keys,
+                    iter_mode::VALUES => IterMode::Values,
+                    _ => IterMode::Entries,
+                },
+                after: (it.flags & sqe_flags::ITER_RESUME != 0).then_some(uk),
+                max_bytes: cap.saturating_sub(reserve),
+            }
+        }
+        // Clear (the only other keyed opcode `take` lets through).
+        _ => Op::Clear(k, it.kind),
+    }
+}

@@ -1,0 +1,408 @@
+//! The control protocol's messages (`daemon/CONTROL.md`): how a task opens a
+//! session, registers states and closes it, over a Unix stream socket.
+//!
+//! Only the byte encoding lives here, shared by the daemon and the
+//! clients; sockets and fd passing are theirs. Every frame is
+//! `u32 len (LE) | payload[len]`, `len <= MAX_FRAME`; the payload starts
+//! with a one-byte message type. Strings are `u16 len (LE) | UTF-8 bytes`.
+//! Decoding never panics: a short, long or malformed payload is a
+//! [`DecodeError`].
+
+/// Version of this protocol, sent in `Open`; the daemon refuses others.
+pub const CONTROL_VERSION: u16 = 1;
+/// Largest payload either side accepts.
+pub const MAX_FRAME: usize = 64 * 1024;
+/// Longest job id, operator id or state name.
+pub const MAX_NAME: usize = 1024;
+/// Largest max parallelism (Flink's limit).
+pub const MAX_PARALLELISM: u32 = 32768;
+
+/// Message types (first payload byte). A response has the request's type
+/// with the high bit set.
+pub mod msg {
+    pub const OPEN: u8 = 1;
+    pub const REGISTER: u8 = 2;
+    pub const CLOSE: u8 = 3;
+    pub const RESPONSE: u8 = 0x80;
+}
+
+/// Control status codes (`i32` in every response).
+pub mod status {
+    pub const OK: i32 = 0;
+    /// Malformed or unknown message.
+    pub const BAD_REQUEST: i32 = -1;
+    /// `Open.version` is not [`super::CONTROL_VERSION`].
+    pub const VERSION: i32 = -2;
+    /// The peer's uid is not allowed.
+    pub const DENIED: i32 = -3;
+    /// A configured limit (sessions, states, ring sizes) is reached.
+    pub const LIMIT: i32 = -4;
+    /// A state of that name exists with another kind.
+    pub const CONFLICT: i32 = -5;
+    /// The daemon is shutting down.
+    pub const SHUTTING_DOWN: i32 = -6;
+    /// The request came in the wrong order (e.g. `Register` before `Open`).
+    pub const STATE: i32 = -7;
+    pub const INTERNAL: i32 = -8;
+}
+
+/// State kinds on the wire.
+pub mod kind {
+    pub const VALUE: u8 = 1;
+    pub const LIST: u8 = 2;
+    pub const MAP: u8 = 3;
+}
+
+/// A request, client -> daemon.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Opens the connection's one session. Ring sizes of 0 take the
+    /// daemon's defaults.
+    Open {
+        version: u16,
+        job: String,
+        operator: String,
+        subtask: u32,
+        parallelism: u32,
+        max_parallelism: u32,
+        sq_entries: u32,
+        cq_entries: u32,
+        arena_bytes: u64,
+    },
+    /// Registers (or finds) a state of this session's operator.
+    Register { kind: u8, name: String },
+    /// Closes the session; the daemon answers, then closes the socket.
+    Close,
+}
+
+/// A response, daemon -> client. `Opened` travels with three fds
+/// (SCM_RIGHTS, in this order): the session memfd, the doorbell the
+/// client rings to wake the daemon, the doorbell the daemon rings to wake
+/// the client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    Opened {
+        session: u64,
+        key_group_lo: u16,
+        key_group_hi: u16,
+        shard: u32,
+    },
+    Registered {
+        state: u32,
+    },
+    Closed,
+    /// A refusal: `status` < 0 and a human-readable reason.
+    Error {
+        request: u8,
+        status: i32,
+        message: String,
+    },
+}
+
+/// Why a payload could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("control message truncated")]
+    Short,
+    #[error("control message has {0} trailing bytes")]
+    Trailing(usize),
+    #[error("unknown control message type {0:#x}")]
+    Type(u8),
+    #[error("a string in a control message is not UTF-8 or longer than {MAX_NAME} bytes")]
+    BadString,
+    #[error("control frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLong(usize),
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Short);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(self.u32()? as i32)
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn str(&mut self) -> Result<String, DecodeError> {
+        let n = self.u16()? as usize;
+        if n > MAX_NAME {
+            return Err(DecodeError::BadString);
+        }
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::BadString)
+    }
+    fn end(&self) -> Result<(), DecodeError> {
+        match self.0.len() {
+            0 => Ok(()),
+            n => Err(DecodeError::Trailing(n)),
+        }
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    // Callers keep names within MAX_NAME; a longer one is cut, which the
+    // peer then sees as a different name rather than a broken frame.
+    let b = &s.as_bytes()[..s.len().min(MAX_NAME)];
+    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Starts a frame in `out` (cleared); finish it with [`end_frame`].
+fn begin_frame(out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&[0; 4]);
+}
+
+fn end_frame(out: &mut [u8]) {
+    let len = (out.len() - 4) as u32;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+}
+
+impl Request {
+    /// The whole frame (length prefix included).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        begin_frame(out);
+        match self {
+            Request::Open {
+                version,
+                job,
+                operator,
+                subtask,
+                parallelism,
+                max_parallelism,
+                sq_entries,
+                cq_entries,
+                arena_bytes,
+            } => {
+                out.push(msg::OPEN);
+                out.extend_from_slice(&version.to_le_bytes());
+                for v in [
+                    subtask,
+                    parallelism,
+                    max_parallelism,
+                    sq_entries,
+                    cq_entries,
+                ] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out.extend_from_slice(&arena_bytes.to_le_bytes());
+                put_str(out, job);
+                put_str(out, operator);
+            }
+            Request::Register { kind, name } => {
+                out.push(msg::REGISTER);
+                out.push(*kind);
+                put_str(out, name);
+            }
+            Request::Close => out.push(msg::CLOSE),
+        }
+        end_frame(out);
+    }
+
+    /// Decodes a payload (without the length prefix).
+    pub fn decode(p: &[u8]) -> Result<Request, DecodeError> {
+        let mut r = Reader(p);
+        let t = r.u8()?;
+        let req = match t {
+            msg::OPEN => {
+                let version = r.u16()?;
+                let subtask = r.u32()?;
+                let parallelism = r.u32()?;
+                let max_parallelism = r.u32()?;
+                let sq_entries = r.u32()?;
+                let cq_entries = r.u32()?;
+                let arena_bytes = r.u64()?;
+                let job = r.str()?;
+                let operator = r.str()?;
+                Request::Open {
+                    version,
+                    job,
+                    operator,
+                    subtask,
+                    parallelism,
+                    max_parallelism,
+                    sq_entries,
+                    cq_entries,
+                    arena_bytes,
+                }
+            }
+            msg::REGISTER => {
+                let kind = r.u8()?;
+                let name = r.str()?;
+                Request::Register { kind, name }
+            }
+            msg::CLOSE => Request::Close,
+            t => return Err(DecodeError::Type(t)),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    /// The whole frame (length prefix included).
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        begin_frame(out);
+        match self {
+            Response::Opened {
+                session,
+                key_group_lo,
+                key_group_hi,
+                shard,
+            } => {
+                out.push(msg::OPEN | msg::RESPONSE);
+                out.extend_from_slice(&status::OK.to_le_bytes());
+                out.extend_from_slice(&session.to_le_bytes());
+                out.extend_from_slice(&key_group_lo.to_le_bytes());
+                out.extend_from_slice(&key_group_hi.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+            }
+            Response::Registered { state } => {
+                out.push(msg::REGISTER | msg::RESPONSE);
+                out.extend_from_slice(&status::OK.to_le_bytes());
+                out.extend_from_slice(&state.to_le_bytes());
+            }
+            Response::Closed => {
+                out.push(msg::CLOSE | msg::RESPONSE);
+                out.extend_from_slice(&status::OK.to_le_bytes());
+            }
+            Response::Error {
+                request,
+                status,
+                message,
+            } => {
+                out.push(request | msg::RESPONSE);
+                out.extend_from_slice(&status.to_le_bytes());
+                put_str(out, message);
+            }
+        }
+        end_frame(out);
+    }
+
+    /// Decodes a payload (without the length prefix).
+    pub fn decode(p: &[u8]) -> Result<Response, DecodeError> {
+        let mut r = Reader(p);
+        let t = r.u8()?;
+        if t & msg::RESPONSE == 0 {
+            return Err(DecodeError::Type(t));
+        }
+        let request = t & !msg::RESPONSE;
+        let st = r.i32()?;
+        let resp = if st != status::OK {
+            Response::Error {
+                request,
+                status: st,
+                message: r.str()?,
+            }
+        } else {
+            match request {
+                msg::OPEN => Response::Opened {
+                    session: r.u64()?,
+                    key_group_lo: r.u16()?,
+                    key_group_hi: r.u16()?,
+                    shard: r.u32()?,
+                },
+                msg::REGISTER => Response::Registered { state: r.u32()? },
+                msg::CLOSE => Response::Closed,
+                _ => return Err(DecodeError::Type(t)),
+            }
+        };
+        r.end()?;
+        Ok(resp)
+    }
+}
+
+/// Checks a frame's length prefix; returns the payload length to read.
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, DecodeError> {
+    let n = u32::from_le_bytes(prefix) as usize;
+    if n > MAX_FRAME {
+        return Err(DecodeError::TooLong(n));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_responses_round_trip_and_garbage_is_an_error() {
+        let reqs = [
+            Request::Open {
+                version: CONTROL_VERSION,
+                job: "job-1".into(),
+                operator: "op".into(),
+                subtask: 3,
+                parallelism: 4,
+                max_parallelism: 128,
+                sq_entries: 1024,
+                cq_entries: 0,
+                arena_bytes: 1 << 20,
+            },
+            Request::Register {
+                kind: kind::MAP,
+                name: "counts".into(),
+            },
+            Request::Close,
+        ];
+        let mut buf = Vec::new();
+        for q in &reqs {
+            q.encode(&mut buf);
+            let n = frame_len(buf[..4].try_into().unwrap()).unwrap();
+            assert_eq!(n, buf.len() - 4);
+            assert_eq!(&Request::decode(&buf[4..]).unwrap(), q);
+            // Every truncation is an error, never a panic.
+            for cut in 4..buf.len() {
+                assert!(Request::decode(&buf[4..cut]).is_err());
+            }
+        }
+        let resps = [
+            Response::Opened {
+                session: 7,
+                key_group_lo: 32,
+                key_group_hi: 63,
+                shard: 1,
+            },
+            Response::Registered { state: 9 },
+            Response::Closed,
+            Response::Error {
+                request: msg::REGISTER,
+                status: status::CONFLICT,
+                message: "state x is a map".into(),
+            },
+        ];
+        for r in &resps {
+            r.encode(&mut buf);
+            assert_eq!(&Response::decode(&buf[4..]).unwrap(), r);
+        }
+        assert_eq!(Request::decode(&[9]), Err(DecodeError::Type(9)));
+        assert_eq!(
+            Request::decode(&[msg::CLOSE, 0]),
+            Err(DecodeError::Trailing(1))
+        );
+        assert!(frame_len((MAX_FRAME as u32 + 1).to_le_bytes()).is_err());
+    }
+}
