@@ -1,0 +1,148 @@
+//! Helpers for the end-to-end tests: a real `statord` process in a
+//! temporary directory, and sessions against it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use stator_client::{Completion, Error, OpenOptions, Request, Session, Status};
+
+/// A `statord` child process with its own data and run directories.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Daemon {
+    /// Starts a daemon with one shard and `budget_mib` of memory.
+    pub fn start(budget_mib: u64) -> Daemon {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_path_buf();
+        let mut d = Daemon::start_in(&dir, budget_mib, &[]);
+        d._tmp = Some(tmp);
+        d
+    }
+
+    /// Starts a daemon over `dir` (kept; for restart tests).
+    pub fn start_in(dir: &Path, budget_mib: u64, extra: &[&str]) -> Daemon {
+        let socket = dir.join("run/stator.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_statord"))
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .args(["--shards", "1", "--memory-budget-mib", &budget_mib.to_string()])
+            .args(extra)
+            .env("STATOR_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn statord");
+        let d = Daemon {
+            child,
+            dir: dir.to_path_buf(),
+            socket,
+            _tmp: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            assert!(Instant::now() < deadline, "statord did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends `sig` to the daemon.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Session mappings the daemon holds (its memfds in /proc/PID/maps).
+    pub fn mapped_sessions(&self) -> usize {
+        std::fs::read_to_string(format!("/proc/{}/maps", self.pid()))
+            .map(|m| m.lines().filter(|l| l.contains("memfd:stator-session")).count())
+            .unwrap_or(0)
+    }
+
+    /// Waits for the daemon to exit; its exit status.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "statord did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A completion, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Done {
+    pub status: Result<Status, i32>,
+    pub value: Option<Vec<u8>>,
+    pub aux: u64,
+    pub more: bool,
+}
+
+impl From<Completion<'_>> for Done {
+    fn from(c: Completion<'_>) -> Done {
+        Done {
+            status: c.status,
+            value: c.value.map(|v| v.to_vec()),
+            aux: c.aux,
+            more: c.more,
+        }
+    }
+}
+
+pub fn opts(job: &str, subtask: u32, parallelism: u32) -> OpenOptions {
+    OpenOptions {
+        subtask,
+        parallelism,
+        ..OpenOptions::new(job, "op")
+    }
+}
+
+/// Runs one request to completion.
+pub fn run(s: &mut Session, r: &Request<'_>) -> Result<Done, Error> {
+    s.submit(r, u64::MAX)?;
+    s.flush()?;
+    let mut got = None;
+    while got.is_none() {
+        s.poll(|c| got = Some(Done::from(c)))?;
+        if got.is_none() {
+            s.wait(Some(Duration::from_secs(1)))?;
+        }
+    }
+    Ok(got.unwrap())
+}
+
+/// Polls until `n` completions arrived, giving each to `f`.
+pub fn collect(s: &mut Session, mut n: usize, mut f: impl FnMut(u64, Done)) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while n > 0 {
+        let got = s.poll(|c| f(c.token, Done::from(c)))?;
+        n -= got;
+        if got == 0 {
+            assert!(Instant::now() < deadline, "completions did not arrive ({n} missing)");
+            s.wait(Some(Duration::from_millis(100)))?;
+        }
+    }
+    Ok(())
+}
