@@ -7,7 +7,9 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 
 use common::{Daemon, Done, collect, opts};
-use stator_client::{IterMode, Kind, ListState, MapState, Page, Session, Status, ValueState, elements};
+use stator_client::{
+    IterMode, Kind, ListState, MapState, Page, Session, Status, ValueState, elements,
+};
 
 struct Rng(u64);
 impl Rng {
@@ -119,7 +121,11 @@ fn per_key_order_holds_with_65536_requests_in_flight() {
                 }
                 7 => {
                     let v = rng.bytes(40);
-                    model.maps.entry(k).or_default().insert(uk.to_vec(), v.clone());
+                    model
+                        .maps
+                        .entry(k)
+                        .or_default()
+                        .insert(uk.to_vec(), v.clone());
                     (Some(("mapput", v)), done())
                 }
                 8 => {
@@ -181,7 +187,8 @@ fn per_key_order_holds_with_65536_requests_in_flight() {
                     _ => ls.clear(kg, &key),
                 },
             };
-            s.submit(&r, t).unwrap_or_else(|e| panic!("submit {t}: {e}"));
+            s.submit(&r, t)
+                .unwrap_or_else(|e| panic!("submit {t}: {e}"));
             let want = if let Some(("iter", data)) = &req_kind {
                 // Compared on the page's data (the cursor follows it).
                 want.with_value(Some(data.clone()))
@@ -191,7 +198,11 @@ fn per_key_order_holds_with_65536_requests_in_flight() {
             pages.push(matches!(&req_kind, Some(("iter", _))));
             expect.push(want);
         }
-        assert_eq!(s.in_flight(), IN_FLIGHT, "all requests are in flight at once");
+        assert_eq!(
+            s.in_flight(),
+            IN_FLIGHT,
+            "all requests are in flight at once"
+        );
         s.flush().unwrap();
         let mut seen = 0;
         collect(&mut s, IN_FLIGHT, |t, mut got| {
@@ -219,6 +230,9 @@ fn per_key_order_holds_with_65536_requests_in_flight() {
             continue;
         }
         let v = got.value.expect("list");
-        assert_eq!(elements(&v).unwrap(), l.iter().map(|e| &e[..]).collect::<Vec<_>>());
+        assert_eq!(
+            elements(&v).unwrap(),
+            l.iter().map(|e| &e[..]).collect::<Vec<_>>()
+        );
     }
 }

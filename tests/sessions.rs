@@ -32,29 +32,42 @@ fn eight_sessions_of_two_jobs_see_only_their_own_state() {
                     stator_client::keygroup::key_group_range(128, 4, sub)
                 );
                 let st = ValueState(s.register("counts", Kind::Value).unwrap());
-                let mine: Vec<i64> = (0..4000).filter(|&k| (lo..=hi).contains(&kg_of(k))).collect();
+                let mine: Vec<i64> = (0..4000)
+                    .filter(|&k| (lo..=hi).contains(&kg_of(k)))
+                    .collect();
                 assert!(!mine.is_empty());
                 for round in 0..3 {
                     for &k in &mine {
                         let key = k.to_be_bytes();
                         let v = format!("{job}/{sub}/{k}/{round}");
-                        s.submit(&st.put(kg_of(k), &key, v.as_bytes()), k as u64).unwrap();
+                        s.submit(&st.put(kg_of(k), &key, v.as_bytes()), k as u64)
+                            .unwrap();
                     }
                     s.flush().unwrap();
-                    collect(&mut s, mine.len(), |_, d| assert_eq!(d.status, Ok(Status::Ok))).unwrap();
+                    collect(&mut s, mine.len(), |_, d| {
+                        assert_eq!(d.status, Ok(Status::Ok))
+                    })
+                    .unwrap();
                     for &k in &mine {
-                        s.submit(&st.get(kg_of(k), &k.to_be_bytes()), k as u64).unwrap();
+                        s.submit(&st.get(kg_of(k), &k.to_be_bytes()), k as u64)
+                            .unwrap();
                     }
                     s.flush().unwrap();
                     collect(&mut s, mine.len(), |k, d| {
                         let want = format!("{job}/{sub}/{k}/{round}");
-                        assert_eq!(d.value.as_deref(), Some(want.as_bytes()), "{job}/{sub} key {k}");
+                        assert_eq!(
+                            d.value.as_deref(),
+                            Some(want.as_bytes()),
+                            "{job}/{sub} key {k}"
+                        );
                     })
                     .unwrap();
                 }
                 // Another subtask's key group and an unregistered state
                 // are refused, not served.
-                let foreign = (0..4000i64).find(|&k| !(lo..=hi).contains(&kg_of(k))).unwrap();
+                let foreign = (0..4000i64)
+                    .find(|&k| !(lo..=hi).contains(&kg_of(k)))
+                    .unwrap();
                 let d1 = run(&mut s, &st.get(kg_of(foreign), &foreign.to_be_bytes())).unwrap();
                 assert_eq!(d1.status, Ok(Status::BadKeyGroup));
                 let d2 = run(&mut s, &ValueState(st.0 + 7).get(lo, b"k")).unwrap();
@@ -81,7 +94,10 @@ fn child_session_for_kill_test() {
     let st = ValueState(s.register("v", Kind::Value).unwrap());
     // Fill the queues and never reap: the daemon holds work for us.
     let mut n = 0u64;
-    while s.submit(&st.put((n % 128) as u16, &n.to_be_bytes(), &[7; 100]), n).is_ok() {
+    while s
+        .submit(&st.put((n % 128) as u16, &n.to_be_bytes(), &[7; 100]), n)
+        .is_ok()
+    {
         n += 1;
     }
     s.flush().unwrap();
@@ -105,7 +121,12 @@ fn a_killed_client_is_reclaimed_and_the_others_continue() {
         }
     }
     let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_session_for_kill_test", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_session_for_kill_test",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("STATOR_E2E_CHILD", &d.socket)
         .stdout(Stdio::piped())
         .spawn()
@@ -116,14 +137,20 @@ fn a_killed_client_is_reclaimed_and_the_others_continue() {
     // libtest prints "test NAME ... " before the child's own output.
     while !line.contains("ready") {
         line.clear();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the child died before it was ready");
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child died before it was ready"
+        );
     }
     assert_eq!(d.mapped_sessions(), 2);
     child.0.kill().unwrap();
     child.0.wait().unwrap();
     let t = Instant::now();
     while d.mapped_sessions() > 1 {
-        assert!(t.elapsed() < Duration::from_secs(1), "session not reclaimed within 1 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "session not reclaimed within 1 s"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // The bystander is unaffected.
@@ -132,7 +159,10 @@ fn a_killed_client_is_reclaimed_and_the_others_continue() {
         Some(&b"before"[..])
     );
     run(&mut me, &st.put(1, b"k", b"after")).unwrap();
-    assert_eq!(run(&mut me, &st.get(1, b"k")).unwrap().value.as_deref(), Some(&b"after"[..]));
+    assert_eq!(
+        run(&mut me, &st.get(1, b"k")).unwrap().value.as_deref(),
+        Some(&b"after"[..])
+    );
     // And a new session opens.
     let s2 = Session::open(&d.socket, &opts("bystander", 0, 1));
     assert!(s2.is_ok());

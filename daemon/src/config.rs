@@ -132,7 +132,7 @@ impl Config {
             return Err(invalid("shards", "at most 256"));
         }
         if self.memory_budget_mib == 0 {
-            self.memory_budget_mib = (physical_memory() / 4 >> 20).max(256);
+            self.memory_budget_mib = ((physical_memory() / 4) >> 20).max(256);
         }
         if self.memory_budget_mib < 16 * self.shards as u64 {
             return Err(invalid(

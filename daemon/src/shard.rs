@@ -858,7 +858,7 @@ fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
             };
             // Room for the resume cursor after the page (a user key is at
             // most 64 KiB): a quarter of the buffer, up to 64 KiB + 4.
-            let reserve = (cap / 4).min((64 << 10) + 4).max(4);
+            let reserve = (cap / 4).clamp(4, (64 << 10) + 4);
             Op::MapIter {
                 map: k,
                 mode: match it.arg {

@@ -34,7 +34,12 @@ impl Daemon {
             .arg(dir.join("data"))
             .arg("--run-dir")
             .arg(dir.join("run"))
-            .args(["--shards", "1", "--memory-budget-mib", &budget_mib.to_string()])
+            .args([
+                "--shards",
+                "1",
+                "--memory-budget-mib",
+                &budget_mib.to_string(),
+            ])
             .args(extra)
             .env("STATOR_LOG", "warn")
             .stdin(Stdio::null())
@@ -64,10 +69,40 @@ impl Daemon {
         unsafe { libc::kill(self.pid(), sig) };
     }
 
+    /// Stops the daemon (SIGSTOP) and waits until every thread is stopped.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let all = std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+                .expect("task dir")
+                .filter_map(|t| t.ok())
+                .all(|t| {
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .ok()
+                        .and_then(|s| {
+                            s.rsplit(')')
+                                .next()
+                                .map(|r| r.trim_start().starts_with('T'))
+                        })
+                        .unwrap_or(true)
+                });
+            if all {
+                return;
+            }
+            assert!(Instant::now() < deadline, "statord did not stop");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     /// Session mappings the daemon holds (its memfds in /proc/PID/maps).
     pub fn mapped_sessions(&self) -> usize {
         std::fs::read_to_string(format!("/proc/{}/maps", self.pid()))
-            .map(|m| m.lines().filter(|l| l.contains("memfd:stator-session")).count())
+            .map(|m| {
+                m.lines()
+                    .filter(|l| l.contains("memfd:stator-session"))
+                    .count()
+            })
             .unwrap_or(0)
     }
 
@@ -140,7 +175,10 @@ pub fn collect(s: &mut Session, mut n: usize, mut f: impl FnMut(u64, Done)) -> R
         let got = s.poll(|c| f(c.token, Done::from(c)))?;
         n -= got;
         if got == 0 {
-            assert!(Instant::now() < deadline, "completions did not arrive ({n} missing)");
+            assert!(
+                Instant::now() < deadline,
+                "completions did not arrive ({n} missing)"
+            );
             s.wait(Some(Duration::from_millis(100)))?;
         }
     }

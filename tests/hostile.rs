@@ -1,0 +1,299 @@
+//! A hostile client: descriptors with unknown opcodes, offsets outside
+//! the arena, foreign key groups, unregistered states and bad flags are
+//! each answered with their error; then it scribbles its whole segment,
+//! indices included, while another session works. The daemon stays up and
+//! the other session never notices.
+
+mod common;
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::{Daemon, opts, run};
+use stator_client::{Kind, Session, ValueState};
+use stator_ring::control::{CONTROL_VERSION, Request, Response, frame_len, kind};
+use stator_ring::sqe::sqe_flags;
+use stator_ring::{BufRef, ClientRing, Cqe, Doorbell, Opcode, Sqe, Status};
+use stator_shm::Segment;
+use stator_shm::fdpass::recv_fds;
+
+struct Raw {
+    _sock: UnixStream,
+    seg: Segment,
+    to_daemon: Doorbell,
+    state: u32,
+    map_state: u32,
+    key_groups: (u16, u16),
+}
+
+fn raw_session(socket: &std::path::Path) -> Raw {
+    let mut sock = UnixStream::connect(socket).unwrap();
+    let mut f = Vec::new();
+    Request::Open {
+        version: CONTROL_VERSION,
+        job: "hostile".into(),
+        operator: "op".into(),
+        subtask: 1,
+        parallelism: 2,
+        max_parallelism: 128,
+        sq_entries: 256,
+        cq_entries: 256,
+        arena_bytes: 1 << 20,
+    }
+    .encode(&mut f);
+    sock.write_all(&f).unwrap();
+    let mut buf = vec![0u8; 70 * 1024];
+    let (n, mut fds) = recv_fds(&sock, &mut buf).unwrap();
+    let len = frame_len(buf[..4].try_into().unwrap()).unwrap();
+    assert_eq!(n, len + 4);
+    let Response::Opened {
+        key_group_lo,
+        key_group_hi,
+        ..
+    } = Response::decode(&buf[4..n]).unwrap()
+    else {
+        panic!("not opened")
+    };
+    let _to_client = fds.pop().unwrap();
+    let to_daemon = Doorbell::from_fd(fds.pop().unwrap());
+    let seg = Segment::attach(fds.pop().unwrap()).unwrap();
+    let mut reg = |k: u8, name: &str| {
+        Request::Register {
+            kind: k,
+            name: name.into(),
+        }
+        .encode(&mut f);
+        sock.write_all(&f).unwrap();
+        let mut pre = [0u8; 4];
+        std::io::Read::read_exact(&mut sock, &mut pre).unwrap();
+        let mut b = vec![0u8; frame_len(pre).unwrap()];
+        std::io::Read::read_exact(&mut sock, &mut b).unwrap();
+        match Response::decode(&b).unwrap() {
+            Response::Registered { state } => state,
+            r => panic!("{r:?}"),
+        }
+    };
+    let state = reg(kind::VALUE, "v");
+    let map_state = reg(kind::MAP, "m");
+    Raw {
+        _sock: sock,
+        seg,
+        to_daemon,
+        state,
+        map_state,
+        key_groups: (key_group_lo, key_group_hi),
+    }
+}
+
+fn wait_cqes(ring: &mut ClientRing<'_>, n: usize) -> Vec<Cqe> {
+    let mut out = Vec::new();
+    let t = Instant::now();
+    while out.len() < n {
+        match ring.cq.pop().unwrap() {
+            Some(c) => out.push(c),
+            None => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "got {} of {n} completions",
+                    out.len()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    ring.cq.release();
+    out
+}
+
+#[test]
+fn bad_descriptors_get_errors_and_scribbling_hurts_no_one_else() {
+    let d = Daemon::start(64);
+    let mut good = Session::open(&d.socket, &opts("good", 0, 1)).unwrap();
+    let gst = ValueState(good.register("v", Kind::Value).unwrap());
+    run(&mut good, &gst.put(3, b"mine", b"safe")).unwrap();
+
+    let raw = raw_session(&d.socket);
+    {
+        let mut ring = ClientRing::attach(raw.seg.view()).unwrap();
+        let arena = ring.arena();
+        arena.write_from(0, b"key").unwrap();
+        let kg = raw.key_groups.0;
+        let ok = Sqe {
+            opcode: Opcode::Put as u8,
+            key_group: kg,
+            state_id: raw.state,
+            key: BufRef::new(0, 3),
+            value: BufRef::new(0, 3),
+            ..Sqe::default()
+        };
+        let arena_len = ring.layout().arena.len as u32;
+        let cases: Vec<(Sqe, Status)> = vec![
+            (Sqe { opcode: 200, ..ok }, Status::BadOpcode),
+            (
+                Sqe {
+                    key: BufRef::new(arena_len - 1, 2),
+                    ..ok
+                },
+                Status::BadRange,
+            ),
+            (
+                Sqe {
+                    key: BufRef::new(u32::MAX, 16),
+                    ..ok
+                },
+                Status::BadRange,
+            ),
+            (
+                Sqe {
+                    value: BufRef::new(arena_len, 1),
+                    ..ok
+                },
+                Status::BadRange,
+            ),
+            (Sqe { key_group: 0, ..ok }, Status::BadKeyGroup),
+            (
+                Sqe {
+                    key_group: 40000,
+                    ..ok
+                },
+                Status::BadKeyGroup,
+            ),
+            (
+                Sqe {
+                    state_id: 9999,
+                    ..ok
+                },
+                Status::BadState,
+            ),
+            (
+                Sqe {
+                    state_id: raw.map_state,
+                    ..ok
+                },
+                Status::BadState,
+            ),
+            (Sqe { reserved: 1, ..ok }, Status::BadArgument),
+            (Sqe { flags: 0x80, ..ok }, Status::BadFlags),
+            (
+                Sqe {
+                    user_key: BufRef::new(0, 3),
+                    ..ok
+                },
+                Status::BadRange,
+            ),
+            (
+                Sqe {
+                    opcode: Opcode::Get as u8,
+                    flags: sqe_flags::BUFFER_SELECT,
+                    value: BufRef::NONE,
+                    ..ok
+                },
+                Status::NoBuffer,
+            ),
+            (
+                Sqe {
+                    opcode: Opcode::MapIter as u8,
+                    state_id: raw.map_state,
+                    arg: 77,
+                    value: BufRef::new(64, 4096),
+                    ..ok
+                },
+                Status::BadArgument,
+            ),
+            (
+                Sqe {
+                    opcode: Opcode::Get as u8,
+                    value: BufRef::new(64, 1),
+                    ..ok
+                },
+                Status::ResultTooLarge,
+            ),
+            (ok, Status::Ok),
+        ];
+        // The put comes before the too-small get in the queue: do it first.
+        let mut cases = cases;
+        let put = cases.pop().unwrap();
+        cases.insert(0, put);
+        for (i, (sqe, _)) in cases.iter().enumerate() {
+            let mut s = *sqe;
+            s.user_data = i as u64;
+            assert!(ring.sq.push(&s).unwrap());
+        }
+        ring.sq.publish();
+        raw.to_daemon.ring();
+        let got = wait_cqes(&mut ring, cases.len());
+        for c in got {
+            let (sqe, want) = cases[c.user_data as usize];
+            assert_eq!(
+                Status::from_i32(c.status),
+                Some(want),
+                "case {} ({sqe:?})",
+                c.user_data
+            );
+        }
+    }
+
+    // Now scribble everything, again and again, ringing the daemon each
+    // time, while the good session keeps working.
+    let view = raw.seg.view();
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut junk = vec![0u8; view.len()];
+    for round in 0..50 {
+        for b in junk.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        view.write_from(0, &junk).unwrap();
+        raw.to_daemon.ring();
+        let v = format!("round {round}");
+        run(&mut good, &gst.put(3, b"mine", v.as_bytes())).unwrap();
+        assert_eq!(
+            run(&mut good, &gst.get(3, b"mine"))
+                .unwrap()
+                .value
+                .as_deref(),
+            Some(v.as_bytes())
+        );
+    }
+    // Plausible-looking garbage: valid indices, random descriptors.
+    for _ in 0..20 {
+        let mut ring = match ClientRing::attach(raw.seg.view()) {
+            Ok(r) => r,
+            Err(_) => break,
+        };
+        for _ in 0..64 {
+            let mut b = [0u8; 64];
+            for v in b.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *v = x as u8;
+            }
+            let s: Sqe = zerocopy::FromBytes::read_from_bytes(&b[..]).unwrap();
+            let _ = ring.sq.push(&s);
+        }
+        ring.sq.publish();
+        raw.to_daemon.ring();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        run(&mut good, &gst.get(3, b"mine"))
+            .unwrap()
+            .value
+            .as_deref(),
+        Some(&b"round 49"[..])
+    );
+    // The daemon still opens sessions.
+    let mut again = Session::open(&d.socket, &opts("good", 0, 1)).unwrap();
+    let st = ValueState(again.register("v", Kind::Value).unwrap());
+    assert_eq!(
+        run(&mut again, &st.get(3, b"mine"))
+            .unwrap()
+            .value
+            .as_deref(),
+        Some(&b"round 49"[..])
+    );
+}
