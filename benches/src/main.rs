@@ -9,6 +9,7 @@ mod report;
 mod ring;
 #[cfg(feature = "rocksdb")]
 mod rocks;
+mod serve;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -29,9 +30,14 @@ enum Suite {
     Ring(ring::RingArgs),
     /// The storage engine vs. hash maps and RocksDB, in memory and larger than memory.
     Store(store::StoreArgs),
+    /// statord under load (sessions x in-flight depth x op mix) vs. the in-process store and hashbrown.
+    Serve(serve::ServeArgs),
     /// Internal: the peer process of the ring suite.
     #[command(name = "__ring-peer", hide = true)]
     RingPeer(ring::PeerArgs),
+    /// Internal: the daemon process of the serve suite.
+    #[command(name = "__statord", hide = true)]
+    Statord(serve::DaemonArgs),
 }
 
 fn main() {
@@ -39,5 +45,7 @@ fn main() {
         Suite::Ring(a) => ring::run(a),
         Suite::Store(a) => store::run(a),
         Suite::RingPeer(a) => ring::peer_main(a),
+        Suite::Serve(a) => serve::run(a),
+        Suite::Statord(a) => serve::daemon_main(a),
     }
 }

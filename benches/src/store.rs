@@ -89,7 +89,7 @@ fn skey(i: u64, buf: &mut [u8; 8]) -> KeyRef<'_> {
     }
 }
 
-fn value(i: u64, len: usize) -> Vec<u8> {
+pub(crate) fn value(i: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     for (j, b) in v.iter_mut().enumerate() {
         *b = (i as usize).wrapping_add(j) as u8;
@@ -321,8 +321,9 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
 
     // Peers: std HashMap and hashbrown, values on the heap as a heap
     // backend keeps them.
-    let hashbrown_get = map_peer::<hashbrown::HashMap<[u8; 16], Vec<u8>>>(r, n, "hashbrown", &v100);
-    map_peer::<HashMap<[u8; 16], Vec<u8>>>(r, n, "std_hashmap", &v100);
+    let hashbrown_get =
+        map_peer::<hashbrown::HashMap<[u8; 16], Vec<u8>>>(SUITE, r, n, "hashbrown", &v100);
+    map_peer::<HashMap<[u8; 16], Vec<u8>>>(SUITE, r, n, "std_hashmap", &v100);
 
     #[cfg(feature = "rocksdb")]
     let (rocks_get, rocks_put, rocks_batch_put) = {
@@ -416,14 +417,20 @@ impl MapPeer for HashMap<[u8; 16], Vec<u8>> {
     }
 }
 
-fn map_peer<M: MapPeer>(r: &mut Reporter, n: u64, name: &str, v100: &[Vec<u8>]) -> f64 {
+pub(crate) fn map_peer<M: MapPeer>(
+    suite: &'static str,
+    r: &mut Reporter,
+    n: u64,
+    name: &str,
+    v100: &[Vec<u8>],
+) -> f64 {
     let mut m = M::default();
     let t = Instant::now();
     for i in 0..n {
         m.put(raw_key(i), v100[(i % 256) as usize].clone());
     }
     r.case(&Case::new(
-        SUITE,
+        suite,
         format!("mem_load_{name}"),
         n,
         t.elapsed(),
@@ -446,7 +453,7 @@ fn map_peer<M: MapPeer>(r: &mut Reporter, n: u64, name: &str, v100: &[Vec<u8>]) 
     }
     assert_eq!(found, n);
     std::hint::black_box(&out);
-    let c = Case::new(SUITE, format!("mem_get_{name}"), n, t.elapsed()).latency(h);
+    let c = Case::new(suite, format!("mem_get_{name}"), n, t.elapsed()).latency(h);
     r.case(&c);
     // 50/50 get/put, the same sequence as Stator's.
     let mut rng = Rng(44);
@@ -467,7 +474,7 @@ fn map_peer<M: MapPeer>(r: &mut Reporter, n: u64, name: &str, v100: &[Vec<u8>]) 
         }
     }
     std::hint::black_box(&out);
-    r.case(&Case::new(SUITE, format!("mem_get_put_50_50_{name}"), n, t.elapsed()).latency(h));
+    r.case(&Case::new(suite, format!("mem_get_put_50_50_{name}"), n, t.elapsed()).latency(h));
     c.ops_per_sec
 }
 

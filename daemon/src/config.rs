@@ -19,6 +19,9 @@ pub struct Config {
     /// Memory budget of all shards' stores together, MiB; 0 = a quarter of
     /// the machine's memory, at least 256 MiB.
     pub memory_budget_mib: u64,
+    /// Memtable size per shard, MiB; 0 = the store's default (a quarter of
+    /// the shard's budget, 4..=256 MiB). At most half the shard's budget.
+    pub memtable_mib: u64,
     /// Uids allowed to open sessions; empty = the daemon's own uid (and root).
     pub allowed_uids: Vec<u32>,
     /// How long an idle shard spins before it sleeps, microseconds.
@@ -58,6 +61,7 @@ impl Default for Config {
             run_dir: PathBuf::from("./stator-run"),
             shards: 0,
             memory_budget_mib: 0,
+            memtable_mib: 0,
             allowed_uids: Vec::new(),
             spin_us: 50,
             max_sessions: 1024,
@@ -76,7 +80,7 @@ impl Default for SessionLimits {
             max_arena_mib: 1024,
             max_in_flight: 1 << 17,
             max_states: 4096,
-            batch: 256,
+            batch: 64,
         }
     }
 }
@@ -140,6 +144,12 @@ impl Config {
                 format!("at least 16 MiB per shard ({} shards)", self.shards),
             ));
         }
+        if self.memtable_mib > self.memory_budget_mib / self.shards as u64 / 2 {
+            return Err(invalid(
+                "memtable_mib",
+                "at most half of each shard's share of memory_budget_mib",
+            ));
+        }
         if self.allowed_uids.is_empty() {
             self.allowed_uids.push(nix::unistd::geteuid().as_raw());
         }
@@ -196,9 +206,16 @@ impl Config {
         self.run_dir.join("stator.sock")
     }
 
-    /// One shard's memory budget, bytes.
-    pub fn shard_budget(&self) -> usize {
-        ((self.memory_budget_mib << 20) / self.shards as u64) as usize
+    /// One shard's store configuration.
+    pub fn store_config(&self, shard: usize) -> stator_store::StoreConfig {
+        let mut c = stator_store::StoreConfig::new(
+            self.data_dir.join(format!("shard-{shard}")),
+            ((self.memory_budget_mib << 20) / self.shards as u64) as usize,
+        );
+        if self.memtable_mib > 0 {
+            c.memtable_bytes = Some((self.memtable_mib << 20) as usize);
+        }
+        c
     }
 }
 

@@ -23,8 +23,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use stator_ring::Doorbell;
+use stator_store::Store;
 use stator_store::io::UringIo;
-use stator_store::{Store, StoreConfig};
 
 use crate::config::Config;
 use crate::control::{Ctx, Registry};
@@ -77,17 +77,14 @@ impl Daemon {
         let mut handles = Vec::new();
         let mut shards = Vec::new();
         for i in 0..cfg.shards {
-            let dir = cfg.data_dir.join(format!("shard-{i}"));
+            let store_cfg = cfg.store_config(i);
+            let dir = store_cfg.dir.clone();
             let (tx, rx) = crossbeam_channel::unbounded();
             let bell = Arc::new(Doorbell::new().map_err(|e| StartError::Shard {
                 shard: i,
                 msg: format!("eventfd: {e}"),
             })?);
-            let (budget, spin, batch) = (
-                cfg.shard_budget(),
-                Duration::from_micros(cfg.spin_us),
-                cfg.session.batch,
-            );
+            let (spin, batch) = (Duration::from_micros(cfg.spin_us), cfg.session.batch);
             let b = bell.clone();
             let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
             // The store is the shard thread's own (it is not Send): it is
@@ -98,7 +95,7 @@ impl Daemon {
                     let opened = UringIo::new(1024, true)
                         .map_err(|e| format!("cannot create an io_uring: {e}"))
                         .and_then(|io| {
-                            Store::open(StoreConfig::new(&dir, budget), io).map_err(|e| e.to_string())
+                            Store::open(store_cfg, io).map_err(|e| e.to_string())
                         });
                     match opened {
                         Ok((store, report)) => {

@@ -33,6 +33,9 @@ struct Args {
     /// Memory budget of all stores, MiB (0 = a quarter of the machine).
     #[arg(long)]
     memory_budget_mib: Option<u64>,
+    /// Memtable size per shard, MiB (0 = the store's default).
+    #[arg(long)]
+    memtable_mib: Option<u64>,
     /// A uid allowed to open sessions (repeat for more).
     #[arg(long = "allow-uid")]
     allow_uid: Vec<u32>,
@@ -60,6 +63,9 @@ fn config(a: &Args) -> Result<Config, String> {
     }
     if let Some(v) = a.memory_budget_mib {
         c.memory_budget_mib = v;
+    }
+    if let Some(v) = a.memtable_mib {
+        c.memtable_mib = v;
     }
     if !a.allow_uid.is_empty() {
         c.allowed_uids = a.allow_uid.clone();

@@ -153,6 +153,8 @@ struct Item {
 }
 
 const BELL_TOKEN: u64 = 0;
+/// How many requests ahead the shard starts loading client memory.
+const PREFETCH_AHEAD: usize = 8;
 
 pub struct Shard {
     id: usize,
@@ -168,6 +170,7 @@ pub struct Shard {
     scratch: Vec<u8>,
     items: Vec<Item>,
     tokens: Vec<u64>,
+    sqes: Vec<Sqe>,
     ready: Vec<u64>,
     stopping: bool,
     pub stats: ShardStats,
@@ -304,6 +307,7 @@ impl Shard {
             scratch: Vec::new(),
             items: Vec::new(),
             tokens: Vec::new(),
+            sqes: Vec::new(),
             ready: Vec::new(),
             stopping: false,
             stats: ShardStats::default(),
@@ -466,6 +470,7 @@ impl Shard {
             scratch,
             items,
             tokens,
+            sqes,
             stats,
             batch,
             ..
@@ -498,14 +503,27 @@ impl Shard {
                 }
                 scratch.clear();
                 items.clear();
+                sqes.clear();
                 for _ in 0..n {
                     let Some(sqe) = ring.sq.pop()? else { break };
+                    sqes.push(sqe);
+                }
+                // Keys were written by the client and sit in its cache: a
+                // rolling window of loads ahead overlaps those misses.
+                let base = ring.arena().base;
+                for q in sqes.iter().take(PREFETCH_AHEAD) {
+                    ring.view().prefetch(base + q.key.off as usize, false);
+                }
+                for (i, sqe) in sqes.iter().enumerate() {
+                    if let Some(q) = sqes.get(i + PREFETCH_AHEAD) {
+                        ring.view().prefetch(base + q.key.off as usize, false);
+                    }
                     stats.requests += 1;
-                    match take(ring, &sqe, states, (kg_lo, kg_hi), scratch) {
+                    match take(ring, sqe, states, (kg_lo, kg_hi), scratch) {
                         Ok(Some(item)) => items.push(item),
                         Ok(None) => {
                             // Answered at once (no-op, not supported here).
-                            let c = immediate(&sqe);
+                            let c = immediate(sqe);
                             push(ring, &c)?;
                             pushed = true;
                         }
@@ -526,6 +544,9 @@ impl Shard {
                     to_client.ring();
                 }
                 if items.is_empty() {
+                    if ring.cq.publish() {
+                        to_client.ring();
+                    }
                     return Ok(true);
                 }
                 tokens.clear();
@@ -540,6 +561,11 @@ impl Shard {
                 let ops: Vec<Op<'_>> = items.iter().map(|it| op_of(it, sc)).collect();
                 let mut err: Result<(), QueueError> = Ok(());
                 store.submit_batch(tokens, &ops, |i, res| {
+                    // The result buffer a few requests ahead: write intent.
+                    if let Some(Out::Range(r)) = items.get(i + PREFETCH_AHEAD).map(|it| it.out) {
+                        ring.view().prefetch(r.off, true);
+                        ring.view().prefetch(r.off + 64, true);
+                    }
                     let tok = tokens[i] as usize;
                     let c = match res {
                         Ok(Submitted::Pending) => {
@@ -561,7 +587,13 @@ impl Shard {
                     }
                     pushed = true;
                 });
-                err.map(|()| true)
+                err?;
+                // Published per batch, not per pass: the client refills
+                // its queue while the next batch runs.
+                if ring.cq.publish() {
+                    to_client.ring();
+                }
+                Ok(true)
             });
         if pushed {
             s.dirty = true;

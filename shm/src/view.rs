@@ -97,6 +97,33 @@ impl<'a> ShmView<'a> {
         Ok(())
     }
 
+    /// Hints the CPU to start loading the cache line at `off` (`write`:
+    /// with intent to write). Out-of-bounds offsets are ignored; a prefetch
+    /// never faults and changes no memory, so it is safe on bytes the peer
+    /// may be writing. Used to overlap the cross-core misses of a batch.
+    #[inline]
+    pub fn prefetch(&self, off: usize, write: bool) {
+        if off >= self.len {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_ET0, _MM_HINT_T0, _mm_prefetch};
+            // SAFETY: `off < len`, so the address is inside the mapping; a
+            // prefetch is a hint that neither faults nor writes.
+            let p = unsafe { self.ptr.as_ptr().add(off) } as *const i8;
+            if write {
+                // SAFETY: as above; the hint only requests the line.
+                unsafe { _mm_prefetch::<_MM_HINT_ET0>(p) };
+            } else {
+                // SAFETY: as above.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = write;
+    }
+
     /// Writes `len` copies of `byte` at `off`.
     pub fn fill(&self, off: usize, len: usize, byte: u8) -> Result<(), OutOfBounds> {
         self.check(off, len)?;

@@ -62,7 +62,7 @@ impl OpenOptions {
             cq_entries: 0,
             arena_bytes: 0,
             read_capacity: 1024,
-            spin: Duration::from_micros(20),
+            spin: Duration::from_micros(50),
         }
     }
 }

@@ -1,0 +1,642 @@
+//! `stator-bench serve`: a load generator against a real `statord`
+//! process (this binary re-executed as `__statord`, which runs the daemon's
+//! library exactly as the `statord` binary does), and, in the same run,
+//! the in-process store (no IPC) and an in-process hashbrown map on the
+//! same data.
+//!
+//! Cases: load; random gets over an in-flight sweep (1 ... 65,536); a
+//! get/put mix; the daemon's idle CPU. Each session is a client thread
+//! pinned to core 0 (the daemon to core 1) when the machine has two cores
+//! or more. The sweep is also drawn as an SVG in `benches/results/`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use slab::Slab;
+use stator_client::{Kind, OpenOptions, Session, Status, ValueState};
+use stator_store::io::UringIo;
+use stator_store::{KeyRef, Op, Output, Store, Submitted};
+
+use crate::report::{Bound, Case, Reporter, histogram};
+use crate::store::{Rng, map_peer, value};
+
+const SUITE: &str = "serve";
+const MAX_PARALLELISM: u64 = 128;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Under a minute: fewer keys, a shorter sweep.
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object per case on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Keys loaded (default 5 M; 500 K with --quick).
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// Sessions (client threads) at once.
+    #[arg(long, default_value_t = 1)]
+    sessions: u32,
+    /// Seconds per point of the sweep (default 3; 1 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// In-flight depths to sweep (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    depths: Option<Vec<usize>>,
+    /// The daemon's idle spin before it sleeps, microseconds.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// Skip the in-process peers.
+    #[arg(long)]
+    no_peers: bool,
+    /// Where the SVG of the sweep goes.
+    #[arg(long, default_value = "benches/results")]
+    plot_dir: PathBuf,
+}
+
+/// Arguments of the hidden daemon process.
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    dir: PathBuf,
+    #[arg(long)]
+    budget_mib: u64,
+    #[arg(long)]
+    memtable_mib: u64,
+    #[arg(long)]
+    spin_us: u64,
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+fn pin(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The daemon process: runs until SIGTERM.
+pub fn daemon_main(a: DaemonArgs) {
+    if let Some(c) = a.cpu {
+        pin(c);
+    }
+    let mut cfg = statord::config::Config {
+        data_dir: a.dir.join("data"),
+        run_dir: a.dir.join("run"),
+        shards: 1,
+        memory_budget_mib: a.budget_mib,
+        memtable_mib: a.memtable_mib,
+        spin_us: a.spin_us,
+        ..Default::default()
+    };
+    cfg.session.max_entries = 1 << 17;
+    let cfg = cfg.resolve().expect("daemon config");
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    sigs.add(nix::sys::signal::Signal::SIGTERM);
+    sigs.thread_block().expect("block SIGTERM");
+    let d = statord::Daemon::start(cfg).expect("start statord");
+    let _ = sigs.wait();
+    d.stop();
+}
+
+struct DaemonProc {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl DaemonProc {
+    fn start(dir: &Path, budget_mib: u64, memtable_mib: u64, spin_us: u64) -> DaemonProc {
+        let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
+        cmd.arg("__statord")
+            .arg(dir)
+            .args(["--budget-mib", &budget_mib.to_string()])
+            .args(["--memtable-mib", &memtable_mib.to_string()])
+            .args(["--spin-us", &spin_us.to_string()])
+            .env("STATOR_LOG", "warn");
+        if cores() >= 2 {
+            cmd.args(["--cpu", "1"]);
+        }
+        let child = cmd.spawn().expect("spawn the daemon");
+        let socket = dir.join("run/stator.sock");
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "statord did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        DaemonProc { child, socket }
+    }
+
+    /// User + system CPU seconds the daemon has used.
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+            + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        ticks / hz
+    }
+}
+
+impl Drop for DaemonProc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn key(i: u64) -> ([u8; 8], u16) {
+    (i.to_be_bytes(), (i % MAX_PARALLELISM) as u16)
+}
+
+fn open(socket: &Path, subtask: u32, sessions: u32) -> (Session, ValueState) {
+    let mut o = OpenOptions::new("bench", "serve");
+    o.subtask = subtask;
+    o.parallelism = sessions;
+    o.max_parallelism = MAX_PARALLELISM as u32;
+    o.sq_entries = 1 << 16;
+    o.cq_entries = 1 << 16;
+    o.arena_bytes = 256 << 20;
+    o.read_capacity = 256;
+    let mut s = Session::open(socket, &o).expect("open session");
+    let st = ValueState(s.register("values", Kind::Value).expect("register"));
+    (s, st)
+}
+
+/// What one closed-loop run measured.
+struct Run {
+    ops: u64,
+    elapsed: Duration,
+    hist: hdrhistogram::Histogram<u64>,
+    errors: u64,
+}
+
+/// One point of a closed-loop run: `depth` requests in flight for `dur`;
+/// gets of random loaded keys, or (`put_every` > 0) every n-th a put of
+/// `value`.
+struct Point<'a> {
+    depth: usize,
+    dur: Duration,
+    put_every: u64,
+    value: &'a [u8],
+    seed: u64,
+}
+
+fn closed_loop(s: &mut Session, st: ValueState, keys: &[u64], p: Point<'_>) -> Run {
+    let Point {
+        depth,
+        dur,
+        put_every,
+        value: v,
+        seed,
+    } = p;
+    let mut rng = Rng(seed);
+    let mut hist = histogram();
+    let mut started: Slab<Instant> = Slab::with_capacity(depth);
+    let (mut ops, mut errors, mut n) = (0u64, 0u64, 0u64);
+    let t = Instant::now();
+    let end = t + dur;
+    let mut now = t;
+    while now < end {
+        while started.len() < depth {
+            let i = keys[rng.below(keys.len() as u64) as usize];
+            let (k, kg) = key(i);
+            n += 1;
+            let r = if put_every > 0 && n.is_multiple_of(put_every) {
+                st.put(kg, &k, v)
+            } else {
+                st.get(kg, &k)
+            };
+            let slot = started.vacant_key();
+            match s.submit(&r, slot as u64) {
+                Ok(()) => {
+                    started.insert(Instant::now());
+                }
+                Err(stator_client::Error::Full) => break,
+                Err(e) => panic!("submit: {e}"),
+            }
+        }
+        s.flush().expect("flush");
+        let got = s
+            .poll(|c| {
+                let t0 = started.remove(c.token as usize);
+                hist.record(t0.elapsed().as_nanos().max(1) as u64)
+                    .expect("in range");
+                if c.status != Ok(Status::Ok) {
+                    errors += 1;
+                }
+            })
+            .expect("poll");
+        ops += got as u64;
+        if got == 0 {
+            s.wait(Some(Duration::from_millis(10))).expect("wait");
+        }
+        now = Instant::now();
+    }
+    let elapsed = t.elapsed();
+    // Drain what is in flight (not counted).
+    while !started.is_empty() {
+        s.poll(|c| {
+            started.remove(c.token as usize);
+        })
+        .expect("poll");
+        if !started.is_empty() {
+            s.wait(Some(Duration::from_millis(10))).expect("wait");
+        }
+    }
+    Run {
+        ops,
+        elapsed,
+        hist,
+        errors,
+    }
+}
+
+pub fn run(a: ServeArgs) {
+    let n = a.keys.unwrap_or(if a.quick { 500_000 } else { 5_000_000 });
+    let secs = a.seconds.unwrap_or(if a.quick { 1.0 } else { 3.0 });
+    let depths = a.depths.clone().unwrap_or_else(|| {
+        if a.quick {
+            vec![1, 16, 256, 4096, 65536]
+        } else {
+            vec![1, 4, 16, 64, 256, 1024, 4096, 16384, 65536]
+        }
+    });
+    let dur = Duration::from_secs_f64(secs);
+    // Everything in memory: the memtable holds the whole load.
+    let memtable_mib = ((n * (a.value_bytes as u64 + 64)) >> 20).max(64) * 2;
+    let budget_mib = memtable_mib * 3;
+    let mut r = Reporter::new(a.json);
+    r.machine(
+        SUITE,
+        json!({"keys": n, "value_bytes": a.value_bytes, "sessions": a.sessions,
+               "seconds_per_point": secs, "depths": depths, "daemon_spin_us": a.spin_us,
+               "budget_mib": budget_mib, "memtable_mib": memtable_mib, "quick": a.quick,
+               "pinned": cores() >= 2}),
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("stator-serve-")
+        .tempdir_in(
+            std::env::var_os("STATOR_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from),
+        )
+        .expect("bench dir");
+    let vals: Vec<Vec<u8>> = (0..256).map(|i| value(i, a.value_bytes)).collect();
+    let d = DaemonProc::start(dir.path(), budget_mib, memtable_mib, a.spin_us);
+    if cores() >= 2 {
+        pin(0);
+    }
+
+    // Load, through the daemon, each session its own key groups.
+    let sessions = a.sessions.max(1);
+    let mut conns: Vec<(Session, ValueState, Vec<u64>)> = (0..sessions)
+        .map(|i| {
+            let (s, st) = open(&d.socket, i, sessions);
+            let (lo, hi) = s.key_groups();
+            let mine: Vec<u64> = (0..n)
+                .filter(|k| (lo..=hi).contains(&((k % MAX_PARALLELISM) as u16)))
+                .collect();
+            (s, st, mine)
+        })
+        .collect();
+    let t = Instant::now();
+    for (s, st, mine) in conns.iter_mut() {
+        let mut inflight = 0usize;
+        for &i in mine.iter() {
+            let (k, kg) = key(i);
+            loop {
+                match s.submit(&st.put(kg, &k, &vals[(i % 256) as usize]), i) {
+                    Ok(()) => break,
+                    Err(stator_client::Error::Full) => {
+                        s.flush().expect("flush");
+                        let got = s
+                            .poll(|c| assert_eq!(c.status, Ok(Status::Ok), "load put failed"))
+                            .expect("poll");
+                        inflight -= got;
+                        if got == 0 {
+                            s.wait(Some(Duration::from_millis(10))).expect("wait");
+                        }
+                    }
+                    Err(e) => panic!("load: {e}"),
+                }
+            }
+            inflight += 1;
+        }
+        s.flush().expect("flush");
+        while inflight > 0 {
+            inflight -= s
+                .poll(|c| assert_eq!(c.status, Ok(Status::Ok)))
+                .expect("poll");
+            if inflight > 0 {
+                s.wait(Some(Duration::from_millis(10))).expect("wait");
+            }
+        }
+    }
+    r.case(&Case::new(SUITE, "load_daemon", n, t.elapsed()).with("sessions", sessions));
+
+    // Idle: sessions open, nothing submitted.
+    std::thread::sleep(Duration::from_millis(200));
+    let (c0, t0) = (d.cpu_seconds(), Instant::now());
+    std::thread::sleep(Duration::from_secs(if a.quick { 1 } else { 3 }));
+    let idle = (d.cpu_seconds() - c0) / t0.elapsed().as_secs_f64() * 100.0;
+    r.note(SUITE, "daemon_idle_cpu_percent", idle, Bound::AtMost(1.0));
+
+    // The in-flight sweep of random gets.
+    let mut sweep = Vec::new();
+    for &depth in &depths {
+        let per = depth.div_ceil(sessions as usize).max(1);
+        let runs: Vec<Run> = std::thread::scope(|sc| {
+            let hs: Vec<_> = conns
+                .iter_mut()
+                .enumerate()
+                .map(|(i, (s, st, mine))| {
+                    let st = *st;
+                    let mine = &*mine;
+                    let v = &vals[7];
+                    sc.spawn(move || {
+                        if cores() >= 2 {
+                            pin(0);
+                        }
+                        let p = Point {
+                            depth: per,
+                            dur,
+                            put_every: 0,
+                            value: v,
+                            seed: 1000 + depth as u64 + i as u64,
+                        };
+                        closed_loop(s, st, mine, p)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("client thread"))
+                .collect()
+        });
+        let mut hist = histogram();
+        let (mut ops, mut errors, mut el) = (0, 0, Duration::ZERO);
+        for x in runs {
+            hist.add(&x.hist).expect("same bounds");
+            ops += x.ops;
+            errors += x.errors;
+            el = el.max(x.elapsed);
+        }
+        assert_eq!(errors, 0, "gets failed at depth {depth}");
+        let c = Case::new(SUITE, format!("get_depth{depth}_daemon"), ops, el)
+            .latency(hist)
+            .with("in_flight", depth)
+            .with("sessions", sessions);
+        r.case(&c);
+        sweep.push(c);
+    }
+
+    // A 50/50 get/put mix at depth 256 on the first session.
+    {
+        let (s, st, mine) = &mut conns[0];
+        let p = Point {
+            depth: 256,
+            dur,
+            put_every: 2,
+            value: &vals[9],
+            seed: 77,
+        };
+        let x = closed_loop(s, *st, mine, p);
+        assert_eq!(x.errors, 0);
+        r.case(
+            &Case::new(SUITE, "get_put_50_50_depth256_daemon", x.ops, x.elapsed).latency(x.hist),
+        );
+    }
+    drop(conns);
+    drop(d);
+
+    let best_deep = sweep
+        .iter()
+        .filter(|c| {
+            c.extra
+                .get("in_flight")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0)
+                >= 256
+        })
+        .map(|c| c.ops_per_sec)
+        .fold(0.0, f64::max);
+    if let Some(d1) = sweep.iter().find(|c| c.case == "get_depth1_daemon")
+        && let Some(p50) = d1.p(0.5)
+    {
+        r.note(
+            SUITE,
+            "depth1_round_trip_p50_us",
+            p50 as f64 / 1000.0,
+            Bound::AtMost(5.0),
+        );
+    }
+    if let Err(e) = plot(&a.plot_dir, &sweep) {
+        if !r.json {
+            println!("  (no plot: {e})");
+        }
+    } else if !r.json {
+        println!(
+            "# plot: {}",
+            a.plot_dir.join("serve-inflight.svg").display()
+        );
+    }
+
+    if a.no_peers {
+        return;
+    }
+    // The in-process store, same configuration, no IPC.
+    let (store_one, store_batch) =
+        in_process_store(&mut r, dir.path(), n, budget_mib, memtable_mib, &vals);
+    let hashbrown =
+        map_peer::<hashbrown::HashMap<[u8; 16], Vec<u8>>>(SUITE, &mut r, n, "hashbrown", &vals);
+    let _ = store_one;
+    if !r.json {
+        println!("# floors (best daemon get rate at depth >= 256: {best_deep:.0}/s)");
+    }
+    r.note(
+        SUITE,
+        "get_daemon_deep_vs_hashbrown_one_at_a_time",
+        best_deep / hashbrown,
+        Bound::AtLeast(1.0),
+    );
+    r.note(
+        SUITE,
+        "get_daemon_deep_vs_inprocess_store_batched",
+        best_deep / store_batch,
+        Bound::AtLeast(0.5),
+    );
+}
+
+/// Loads the same keys into a `Store` in this process; gets one at a time
+/// and in batches of 256. Returns both rates.
+fn in_process_store(
+    r: &mut Reporter,
+    dir: &Path,
+    n: u64,
+    budget_mib: u64,
+    memtable_mib: u64,
+    vals: &[Vec<u8>],
+) -> (f64, f64) {
+    let mut cfg = stator_store::StoreConfig::new(dir.join("inproc"), (budget_mib << 20) as usize);
+    cfg.memtable_bytes = Some((memtable_mib << 20) as usize);
+    let (mut s, _) =
+        Store::open(cfg, UringIo::new(256, true).expect("io_uring")).expect("open store");
+    fn kref(k: &[u8; 8]) -> KeyRef<'_> {
+        KeyRef {
+            key_group: (u64::from_be_bytes(*k) % MAX_PARALLELISM) as u16,
+            state: 1,
+            key: k,
+            namespace: b"",
+        }
+    }
+    for i in 0..n {
+        let (k, _) = key(i);
+        s.submit(0, Op::Put(kref(&k), &vals[(i % 256) as usize]))
+            .expect("put");
+    }
+    let mut rng = Rng(5);
+    let mut h = histogram();
+    let mut out = [0u8; 4096];
+    let t = Instant::now();
+    for op in 0..n {
+        let (k, _) = key(rng.below(n));
+        let t0 = op.is_multiple_of(8).then(Instant::now);
+        match s.submit(0, Op::Get(kref(&k))) {
+            Ok(Submitted::Ready(Output::Value(Some(v)))) => out[..v.len()].copy_from_slice(v),
+            other => panic!("in-process get: {other:?}"),
+        }
+        if let Some(t0) = t0 {
+            h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+        }
+    }
+    let one = Case::new(SUITE, "get_inprocess_store", n, t.elapsed()).latency(h);
+    r.case(&one);
+    let batch = 256usize;
+    let tokens: Vec<u64> = (0..batch as u64).collect();
+    let mut keys = vec![[0u8; 8]; batch];
+    let mut found = 0u64;
+    let t = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let m = batch.min((n - done) as usize);
+        for k in keys.iter_mut().take(m) {
+            *k = key(rng.below(n)).0;
+        }
+        let ops: Vec<Op<'_>> = keys[..m].iter().map(|k| Op::Get(kref(k))).collect();
+        s.submit_batch(&tokens[..m], &ops, |_, res| {
+            if let Ok(Submitted::Ready(Output::Value(Some(v)))) = res {
+                out[..v.len()].copy_from_slice(v);
+                found += 1;
+            }
+        });
+        done += m as u64;
+    }
+    assert_eq!(found, n);
+    let b = Case::new(
+        SUITE,
+        format!("get_batch{batch}_inprocess_store"),
+        n,
+        t.elapsed(),
+    )
+    .with("batch", batch);
+    r.case(&b);
+    (one.ops_per_sec, b.ops_per_sec)
+}
+
+/// An SVG of throughput and p99 over the in-flight sweep (log x).
+fn plot(dir: &Path, sweep: &[Case]) -> std::io::Result<()> {
+    if sweep.len() < 2 {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let (w, h, m) = (720.0, 400.0, 60.0);
+    let depth = |c: &Case| {
+        c.extra
+            .get("in_flight")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1.0)
+    };
+    let xmax = sweep
+        .iter()
+        .map(depth)
+        .fold(1.0f64, f64::max)
+        .log2()
+        .max(1.0);
+    let ymax = sweep.iter().map(|c| c.ops_per_sec).fold(1.0, f64::max) * 1.1;
+    let pmax = sweep.iter().filter_map(|c| c.p(0.99)).max().unwrap_or(1) as f64 * 1.1;
+    let x = |c: &Case| m + depth(c).log2() / xmax * (w - 2.0 * m);
+    let y = |v: f64, max: f64| h - m - v / max * (h - 2.0 * m);
+    let line = |f: &dyn Fn(&Case) -> f64, max: f64| {
+        sweep
+            .iter()
+            .map(|c| format!("{:.1},{:.1}", x(c), y(f(c), max)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{m}\" y=\"24\" font-size=\"15\">statord: random gets vs requests in flight (one session)</text>\n\
+         <line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n",
+        b = h - m,
+        r = w - m
+    );
+    s += &format!(
+        "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"{}\"/>\n",
+        line(&|c| c.ops_per_sec, ymax)
+    );
+    s += &format!(
+        "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"5,3\" points=\"{}\"/>\n",
+        line(&|c| c.p(0.99).unwrap_or(0) as f64, pmax)
+    );
+    for c in sweep {
+        s += &format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#1f77b4\">{:.2}M</text>\n",
+            x(c),
+            h - m + 16.0,
+            depth(c),
+            x(c),
+            y(c.ops_per_sec, ymax) - 6.0,
+            c.ops_per_sec / 1e6
+        );
+    }
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">requests in flight</text>\n\
+         <text x=\"{m}\" y=\"{}\" fill=\"#1f77b4\">ops/s (solid, max {:.2}M)</text>\n\
+         <text x=\"{}\" y=\"{}\" fill=\"#d62728\" text-anchor=\"end\">p99 latency (dashed, max {:.0} us)</text>\n</svg>\n",
+        w / 2.0,
+        h - 20.0,
+        m - 10.0,
+        ymax / 1.1 / 1e6,
+        w - m,
+        m - 10.0,
+        pmax / 1.1 / 1000.0
+    );
+    std::fs::write(dir.join("serve-inflight.svg"), s)
+}
