@@ -167,3 +167,69 @@ fn a_killed_client_is_reclaimed_and_the_others_continue() {
     let s2 = Session::open(&d.socket, &opts("bystander", 0, 1));
     assert!(s2.is_ok());
 }
+
+#[test]
+fn zero_copy_writes_and_map_pages_through_the_daemon() {
+    use stator_client::{IterMode, MapState, Page, elements};
+    use std::io::Write;
+    let d = Daemon::start(64);
+    let mut s = Session::open(&d.socket, &opts("zc", 0, 1)).unwrap();
+    let st = ValueState(s.register("v", Kind::Value).unwrap());
+    // A value serialized straight into shared memory.
+    s.submit_with(&st.put(5, b"k", b""), 1, 64, |w| {
+        w.write_all(b"hello, ")?;
+        write!(w, "{}", 42)
+    })
+    .unwrap();
+    s.flush().unwrap();
+    collect(&mut s, 1, |_, c| assert_eq!(c.status, Ok(Status::Ok))).unwrap();
+    assert_eq!(
+        run(&mut s, &st.get(5, b"k")).unwrap().value.as_deref(),
+        Some(&b"hello, 42"[..])
+    );
+    // Writing past the reservation cancels the request.
+    let before = s.in_flight();
+    let e = s.submit_with(&st.put(5, b"k", b""), 2, 4, |w| w.write_all(b"too long"));
+    assert!(e.is_err());
+    assert_eq!(s.in_flight(), before);
+
+    // A map of 500 entries read in pages of at most 1 KiB, resuming after
+    // each page's cursor: every entry once, in order.
+    let m = MapState(s.register("m", Kind::Map).unwrap());
+    for i in 0..500u32 {
+        let uk = format!("user-{i:04}");
+        s.submit(&m.put(9, b"map", uk.as_bytes(), &i.to_le_bytes()), i as u64)
+            .unwrap();
+    }
+    s.flush().unwrap();
+    collect(&mut s, 500, |_, c| assert_eq!(c.status, Ok(Status::Ok))).unwrap();
+    let mut seen = Vec::new();
+    let mut cursor: Option<Vec<u8>> = None;
+    let mut pages = 0;
+    loop {
+        let mut r = m.iter(9, b"map", IterMode::Entries, cursor.as_deref());
+        r.capacity = 1024;
+        let got = run(&mut s, &r).unwrap();
+        assert_eq!(got.status, Ok(Status::Ok));
+        let bytes = got.value.unwrap();
+        let p = Page::parse(&bytes).unwrap();
+        let fields = elements(p.data).unwrap();
+        assert_eq!(fields.len() as u64, got.aux * 2);
+        for kv in fields.chunks(2) {
+            seen.push((
+                kv[0].to_vec(),
+                u32::from_le_bytes(kv[1].try_into().unwrap()),
+            ));
+        }
+        pages += 1;
+        if !got.more {
+            break;
+        }
+        cursor = Some(p.resume_after.to_vec());
+    }
+    assert!(pages > 5, "{pages} pages");
+    let want: Vec<(Vec<u8>, u32)> = (0..500u32)
+        .map(|i| (format!("user-{i:04}").into_bytes(), i))
+        .collect();
+    assert_eq!(seen, want);
+}

@@ -45,6 +45,9 @@ pub struct ServeArgs {
     /// Seconds per point of the sweep (default 3; 1 with --quick).
     #[arg(long)]
     seconds: Option<f64>,
+    /// Percent of puts in the sweep (the rest are gets).
+    #[arg(long, default_value_t = 0)]
+    put_percent: u64,
     /// In-flight depths to sweep (comma-separated).
     #[arg(long, value_delimiter = ',')]
     depths: Option<Vec<usize>>,
@@ -199,12 +202,12 @@ struct Run {
 }
 
 /// One point of a closed-loop run: `depth` requests in flight for `dur`;
-/// gets of random loaded keys, or (`put_every` > 0) every n-th a put of
-/// `value`.
+/// of random loaded keys, `put_percent` of them puts of `value`, the rest
+/// gets.
 struct Point<'a> {
     depth: usize,
     dur: Duration,
-    put_every: u64,
+    put_percent: u64,
     value: &'a [u8],
     seed: u64,
 }
@@ -213,14 +216,14 @@ fn closed_loop(s: &mut Session, st: ValueState, keys: &[u64], p: Point<'_>) -> R
     let Point {
         depth,
         dur,
-        put_every,
+        put_percent,
         value: v,
         seed,
     } = p;
     let mut rng = Rng(seed);
     let mut hist = histogram();
     let mut started: Slab<Instant> = Slab::with_capacity(depth);
-    let (mut ops, mut errors, mut n) = (0u64, 0u64, 0u64);
+    let (mut ops, mut errors) = (0u64, 0u64);
     let t = Instant::now();
     let end = t + dur;
     let mut now = t;
@@ -228,8 +231,7 @@ fn closed_loop(s: &mut Session, st: ValueState, keys: &[u64], p: Point<'_>) -> R
         while started.len() < depth {
             let i = keys[rng.below(keys.len() as u64) as usize];
             let (k, kg) = key(i);
-            n += 1;
-            let r = if put_every > 0 && n.is_multiple_of(put_every) {
+            let r = if put_percent > 0 && rng.below(100) < put_percent {
                 st.put(kg, &k, v)
             } else {
                 st.get(kg, &k)
@@ -296,7 +298,7 @@ pub fn run(a: ServeArgs) {
     let mut r = Reporter::new(a.json);
     r.machine(
         SUITE,
-        json!({"keys": n, "value_bytes": a.value_bytes, "sessions": a.sessions,
+        json!({"keys": n, "value_bytes": a.value_bytes, "sessions": a.sessions, "put_percent": a.put_percent,
                "seconds_per_point": secs, "depths": depths, "daemon_spin_us": a.spin_us,
                "budget_mib": budget_mib, "memtable_mib": memtable_mib, "quick": a.quick,
                "pinned": cores() >= 2}),
@@ -369,6 +371,7 @@ pub fn run(a: ServeArgs) {
 
     // The in-flight sweep of random gets.
     let mut sweep = Vec::new();
+    let put_percent = a.put_percent.min(100);
     for &depth in &depths {
         let per = depth.div_ceil(sessions as usize).max(1);
         let runs: Vec<Run> = std::thread::scope(|sc| {
@@ -386,7 +389,7 @@ pub fn run(a: ServeArgs) {
                         let p = Point {
                             depth: per,
                             dur,
-                            put_every: 0,
+                            put_percent,
                             value: v,
                             seed: 1000 + depth as u64 + i as u64,
                         };
@@ -407,7 +410,12 @@ pub fn run(a: ServeArgs) {
             el = el.max(x.elapsed);
         }
         assert_eq!(errors, 0, "gets failed at depth {depth}");
-        let c = Case::new(SUITE, format!("get_depth{depth}_daemon"), ops, el)
+        let name = if put_percent > 0 {
+            format!("get_put{put_percent}_depth{depth}_daemon")
+        } else {
+            format!("get_depth{depth}_daemon")
+        };
+        let c = Case::new(SUITE, name, ops, el)
             .latency(hist)
             .with("in_flight", depth)
             .with("sessions", sessions);
@@ -421,7 +429,7 @@ pub fn run(a: ServeArgs) {
         let p = Point {
             depth: 256,
             dur,
-            put_every: 2,
+            put_percent: 50,
             value: &vals[9],
             seed: 77,
         };
@@ -445,7 +453,9 @@ pub fn run(a: ServeArgs) {
         })
         .map(|c| c.ops_per_sec)
         .fold(0.0, f64::max);
-    if let Some(d1) = sweep.iter().find(|c| c.case == "get_depth1_daemon")
+    if let Some(d1) = sweep
+        .iter()
+        .find(|c| c.extra.get("in_flight").and_then(|v| v.as_u64()) == Some(1))
         && let Some(p50) = d1.p(0.5)
     {
         r.note(

@@ -139,6 +139,47 @@ impl<'a> Request<'a> {
     }
 }
 
+/// Writes a value straight into the session's shared arena (see
+/// [`Session::submit_with`]). Implements [`std::io::Write`]; writing past
+/// the reserved length is an error.
+pub struct ValueWriter<'a> {
+    arena: &'a stator_shm::ShmView<'a>,
+    off: usize,
+    cap: usize,
+    pos: usize,
+}
+
+impl ValueWriter<'_> {
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+}
+
+impl std::io::Write for ValueWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if buf.len() > self.cap - self.pos {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                format!("value longer than the {} bytes reserved", self.cap),
+            ));
+        }
+        self.arena
+            .write_from(self.off + self.pos, buf)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        self.pos += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A completed request, borrowing its result until the callback returns.
 #[derive(Debug)]
 pub struct Completion<'a> {
@@ -336,12 +377,48 @@ impl Session {
     /// [`Session::flush`]). `Err(Full)` when the submission queue or the
     /// arena has no room: poll completions, then retry.
     pub fn submit(&mut self, r: &Request<'_>, token: u64) -> Result<(), Error> {
+        self.submit_inner(
+            r,
+            token,
+            None::<(u32, fn(&mut ValueWriter<'_>) -> std::io::Result<()>)>,
+        )
+    }
+
+    /// Queues a write whose value the caller serializes straight into
+    /// shared memory (no staging copy): `fill` gets a writer of at most
+    /// `max_len` bytes; what it wrote is the value. `r.value` is ignored.
+    /// An error from `fill` (say, more than `max_len` bytes) cancels the
+    /// request and is returned.
+    pub fn submit_with(
+        &mut self,
+        r: &Request<'_>,
+        token: u64,
+        max_len: u32,
+        fill: impl FnOnce(&mut ValueWriter<'_>) -> std::io::Result<()>,
+    ) -> Result<(), Error> {
+        if !r.op.fields().value_in {
+            return Err(Error::Protocol(format!("{:?} takes no value", r.op)));
+        }
+        self.submit_inner(r, token, Some((max_len, fill)))
+    }
+
+    fn submit_inner(
+        &mut self,
+        r: &Request<'_>,
+        token: u64,
+        writer: Option<(
+            u32,
+            impl FnOnce(&mut ValueWriter<'_>) -> std::io::Result<()>,
+        )>,
+    ) -> Result<(), Error> {
         self.alive()?;
         let fields = r.op.fields();
-        let in_len = r.key.len()
-            + r.namespace.len()
-            + r.user_key.len()
-            + if fields.value_in { r.value.len() } else { 0 };
+        let value_len = match &writer {
+            Some((n, _)) => *n as usize,
+            None if fields.value_in => r.value.len(),
+            None => 0,
+        };
+        let in_len = r.key.len() + r.namespace.len() + r.user_key.len() + value_len;
         if in_len > u32::MAX as usize {
             return Err(Error::TooLarge);
         }
@@ -394,8 +471,26 @@ impl Session {
             sqe.key = put(r.key);
             sqe.namespace = put(r.namespace);
             sqe.user_key = put(r.user_key);
-            if fields.value_in {
-                sqe.value = put(r.value);
+            match writer {
+                Some((max, fill)) => {
+                    let mut w = ValueWriter {
+                        arena: &arena,
+                        off: at as usize,
+                        cap: max as usize,
+                        pos: 0,
+                    };
+                    if let Err(e) = fill(&mut w) {
+                        for b in [input, output].into_iter().flatten() {
+                            self.alloc.free(b);
+                        }
+                        return Err(Error::Protocol(format!("the value writer failed: {e}")));
+                    }
+                    if w.pos > 0 {
+                        sqe.value = BufRef::new(at, w.pos as u32);
+                    }
+                }
+                None if fields.value_in => sqe.value = put(r.value),
+                None => {}
             }
         }
         if let Some(b) = output {
