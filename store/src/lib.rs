@@ -23,6 +23,7 @@ pub mod bloom;
 pub mod cache;
 pub mod error;
 pub mod format;
+pub mod hugemem;
 pub mod io;
 pub mod keys;
 pub mod memtable;

@@ -1,6 +1,6 @@
 //! The memtable: where every write lands first.
 //!
-//! Records are appended to a log of 1 MiB chunks; an open-addressing hash
+//! Records are appended to a log of 2 MiB chunks; an open-addressing hash
 //! index (16-bit tag + 48-bit log address per 8-byte slot) finds the newest
 //! record of a key. A point lookup costs one slot load and one record load,
 //! and [`Memtable::prefetch`] lets a caller with a batch of keys start all
@@ -17,9 +17,11 @@ use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use crate::format::Kind;
+use crate::hugemem::HugeArray;
 
-const CHUNK: usize = 1 << 20;
-const CHUNK_BITS: u32 = 20;
+/// Log chunk size: one huge page each (see `hugemem`).
+const CHUNK: usize = 2 << 20;
+const CHUNK_BITS: u32 = 21;
 /// `u8 kind | u8 0 | u16 key_len | u32 value_len | u64 prev (addr+1 or 0)`.
 const REC_HEADER: usize = 16;
 const EMPTY: u64 = 0;
@@ -38,10 +40,10 @@ pub struct MemRecord<'a> {
 
 /// An in-memory table of records.
 pub struct Memtable {
-    chunks: Vec<Box<[u8]>>,
+    chunks: Vec<HugeArray<u8>>,
     /// Bytes used in the last chunk.
     tail: usize,
-    slots: Vec<u64>,
+    slots: HugeArray<u64>,
     mask: usize,
     /// Slots holding a record or a tombstone.
     occupied: usize,
@@ -74,7 +76,7 @@ impl Memtable {
         Memtable {
             chunks: Vec::new(),
             tail: CHUNK,
-            slots: vec![EMPTY; cap],
+            slots: HugeArray::zeroed(cap),
             mask: cap - 1,
             occupied: 0,
             live: 0,
@@ -110,7 +112,7 @@ impl Memtable {
         let need_aligned = need.next_multiple_of(8);
         if self.tail + need_aligned > CHUNK || self.chunks.is_empty() {
             let size = need_aligned.max(CHUNK);
-            self.chunks.push(vec![0u8; size].into_boxed_slice());
+            self.chunks.push(HugeArray::zeroed(size));
             self.tail = 0;
             if size > CHUNK {
                 // A record larger than a chunk gets a chunk of its own, and
@@ -192,7 +194,12 @@ impl Memtable {
         }
         let s = self.slots[i];
         if s > TOMB && tag_of(s) == tag_of(h) {
-            prefetch(self.record_ptr((s & ADDR_MASK) - 2));
+            // The header and key, and the value's first lines (a record of
+            // a 100-byte value spans three): the caller copies it next.
+            let p = self.record_ptr((s & ADDR_MASK) - 2);
+            prefetch(p);
+            prefetch(p.wrapping_add(64));
+            prefetch(p.wrapping_add(128));
         }
     }
 
@@ -256,9 +263,8 @@ impl Memtable {
     }
 
     fn grow(&mut self) {
-        let old = std::mem::take(&mut self.slots);
-        let cap = old.len() * 2;
-        self.slots = vec![EMPTY; cap];
+        let cap = self.slots.len() * 2;
+        let old = std::mem::replace(&mut self.slots, HugeArray::zeroed(cap));
         self.mask = cap - 1;
         self.occupied = 0;
         // Rehashing reads every key, at random places in the log: the key

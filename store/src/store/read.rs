@@ -50,9 +50,9 @@ impl<I: Io> Store<I> {
     }
 
     /// Submits many operations at once, as a shard drains its queue: the
-    /// hashes and memtable slots of every get and put in the batch are
-    /// fetched before any is waited on, so the memory latency of a large
-    /// working set overlaps across the batch instead of adding up.
+    /// memtable slots and records of the gets and puts in the batch are
+    /// fetched a window ahead of their use, so the memory latency of a
+    /// large working set overlaps across the batch instead of adding up.
     /// `out(i, result)` is called for each op, in order, with what
     /// [`Store::submit`] would return; pending ones complete via `poll` with
     /// `tokens[i]`. Effects take place in batch order.
@@ -75,17 +75,28 @@ impl<I: Io> Store<I> {
                 keys::encode_base(&mut keys, k.key_group, k.state, k.key, k.namespace);
             }
             let h = bloom::hash(&keys[start..]);
-            if keys.len() > start {
-                self.active.prefetch(h, false);
-            }
             spans.push((start, keys.len(), h));
         }
-        for &(start, end, h) in &spans {
-            if end > start {
-                self.active.prefetch(h, true);
+        // A software pipeline: while op i runs, the slot of op i + 2D and
+        // the record of op i + D (whose slot has arrived by then) load, so
+        // about 2D misses are in flight and none is waited for twice.
+        const D: usize = 8;
+        let slot = |me: &Self, j: usize, second: bool| {
+            if let Some(&(start, end, h)) = spans.get(j)
+                && end > start
+            {
+                me.active.prefetch(h, second);
             }
+        };
+        for j in 0..2 * D {
+            slot(self, j, false);
+        }
+        for j in 0..D {
+            slot(self, j, true);
         }
         for (i, op) in ops.iter().enumerate() {
+            slot(self, i + 2 * D, false);
+            slot(self, i + D, true);
             let (start, end, h) = spans[i];
             let key = &keys[start..end];
             if end == start || key.len() > keys::MAX_KEY_LEN {
