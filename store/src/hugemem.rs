@@ -36,11 +36,17 @@ unsafe impl<T: Zeroed + Send> Send for HugeArray<T> {}
 unsafe impl<T: Zeroed + Sync> Sync for HugeArray<T> {}
 
 impl<T: Zeroed> HugeArray<T> {
-    /// `len` zeroed elements. Panics if the address space is exhausted
-    /// (as `vec!` aborts when memory is).
+    /// `len` zeroed elements, in huge pages where the kernel allows.
+    /// Panics if the address space is exhausted (as `vec!` aborts when
+    /// memory is).
     pub fn zeroed(len: usize) -> HugeArray<T> {
+        Self::with_pages(len, true)
+    }
+
+    /// `len` zeroed elements; `huge`: ask for huge pages.
+    pub fn with_pages(len: usize, huge: bool) -> HugeArray<T> {
         let bytes = (len * size_of::<T>()).max(1);
-        let (huge, map_len) = if bytes >= HUGE {
+        let (huge, map_len) = if huge && bytes >= HUGE {
             (true, bytes.next_multiple_of(HUGE) + HUGE)
         } else {
             (false, bytes.next_multiple_of(4096))

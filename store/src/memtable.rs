@@ -51,6 +51,8 @@ pub struct Memtable {
     log_bytes: usize,
     map_keys: BTreeSet<Box<[u8]>>,
     map_key_bytes: usize,
+    /// The next log chunk, mapped ahead (see [`Memtable::spare_to_prefault`]).
+    spare: Option<HugeArray<u8>>,
 }
 
 #[inline]
@@ -83,6 +85,7 @@ impl Memtable {
             log_bytes: 0,
             map_keys: BTreeSet::new(),
             map_key_bytes: 0,
+            spare: None,
         }
     }
 
@@ -95,6 +98,23 @@ impl Memtable {
         self.live == 0
     }
 
+    /// Maps the next log chunk as soon as the current one is started and
+    /// returns its range, for the caller to have faulted in off its thread
+    /// ([`crate::io::Io::prefault`]) while this chunk fills: a write then
+    /// rarely waits for a fresh page.
+    pub fn spare_to_prefault(&mut self) -> Option<(usize, usize)> {
+        if self.spare.is_some() {
+            return None;
+        }
+        let c = self.spare.insert(HugeArray::zeroed(CHUNK));
+        Some((c.as_ptr() as usize, c.len()))
+    }
+
+    /// The index's memory range (to prefault a new memtable's index).
+    pub fn index_range(&self) -> (usize, usize) {
+        (self.slots.as_ptr() as usize, self.slots.len() * 8)
+    }
+
     /// Bytes of records appended (the memtable's size for flushing).
     pub fn log_bytes(&self) -> usize {
         self.log_bytes
@@ -103,6 +123,7 @@ impl Memtable {
     /// Bytes of memory held (chunks, index, map key set).
     pub fn memory_bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.len()).sum::<usize>()
+            + self.spare.as_ref().map_or(0, |c| c.len())
             + self.slots.len() * 8
             + self.map_key_bytes
     }
@@ -112,7 +133,11 @@ impl Memtable {
         let need_aligned = need.next_multiple_of(8);
         if self.tail + need_aligned > CHUNK || self.chunks.is_empty() {
             let size = need_aligned.max(CHUNK);
-            self.chunks.push(HugeArray::zeroed(size));
+            let chunk = match self.spare.take() {
+                Some(c) if size == CHUNK => c,
+                _ => HugeArray::zeroed(size),
+            };
+            self.chunks.push(chunk);
             self.tail = 0;
             if size > CHUNK {
                 // A record larger than a chunk gets a chunk of its own, and

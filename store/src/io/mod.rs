@@ -71,6 +71,13 @@ pub trait Io {
     fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()>;
     /// Operations submitted and not yet reaped.
     fn in_flight(&self) -> usize;
+    /// A hint: fault in the pages of `addr..addr+len` (memory this process
+    /// mapped) before they are used, off the caller's thread where the
+    /// implementation can (io_uring runs it in a kernel worker). Never
+    /// changes their contents; nothing completes. Default: nothing.
+    fn prefault(&mut self, addr: usize, len: usize) {
+        let _ = (addr, len);
+    }
 }
 
 /// The errno of an `std::io::Error`, or EIO.

@@ -25,6 +25,10 @@ enum Kind {
     Read,
     Write,
     Fsync,
+    /// `MADV_POPULATE_WRITE` of `(addr, len)`: run by an io-wq worker, so
+    /// page faults (zeroing, and a VM host backing fresh memory) happen
+    /// off this thread. Completes silently.
+    Prefault(usize, usize),
     /// One-shot readiness of a foreign fd (a client's doorbell): the
     /// caller's, not the store's; its completion goes to `ready`.
     Poll(i32),
@@ -119,6 +123,21 @@ impl UringIo {
     /// Pushes op `idx` (its remaining part) to the SQ; false when full.
     fn push(&mut self, idx: usize) -> bool {
         let op = &mut self.ops[idx];
+        if let Kind::Prefault(addr, len) = op.kind {
+            let entry = opcode::Madvise::new(
+                addr as *const libc::c_void,
+                len as libc::off_t,
+                libc::MADV_POPULATE_WRITE,
+            )
+            .build()
+            .user_data(idx as u64);
+            // SAFETY: the kernel only faults in pages of our own mapping
+            // (content-preserving); if the range was unmapped meanwhile it
+            // fails with ENOMEM and nothing else happens.
+            let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
+            self.in_kernel += pushed as usize;
+            return pushed;
+        }
         if let Kind::Poll(fd) = op.kind {
             let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
                 .build()
@@ -158,7 +177,7 @@ impl UringIo {
                 }
             }
             Kind::Fsync => opcode::Fsync::new(fd).build(),
-            Kind::Poll(_) => unreachable!("polls are pushed above"),
+            Kind::Poll(_) | Kind::Prefault(..) => unreachable!("pushed above"),
         }
         .user_data(idx as u64);
         // SAFETY: the entry's buffer pointer is owned by `ops[idx]` and
@@ -173,10 +192,12 @@ impl UringIo {
 
     fn finish(&mut self, idx: usize, result: Result<usize, i32>) {
         let op = self.ops.remove(idx);
-        if let Kind::Poll(_) = op.kind {
+        match op.kind {
             // Readable, or an error on the fd: either way its owner looks.
-            self.ready.push(op.token);
-            return;
+            Kind::Poll(_) => return self.ready.push(op.token),
+            // A hint; its outcome does not matter.
+            Kind::Prefault(..) => return,
+            _ => {}
         }
         if let Some(f) = self.files.get_mut(op.file as usize) {
             f.pending -= 1;
@@ -214,7 +235,7 @@ impl UringIo {
                 continue;
             }
             match op.kind {
-                Kind::Fsync | Kind::Poll(_) => self.finish(idx, Ok(0)),
+                Kind::Fsync | Kind::Poll(_) | Kind::Prefault(..) => self.finish(idx, Ok(0)),
                 Kind::Read | Kind::Write => {
                     let total = op.buf.as_ref().map_or(0, |b| b.len());
                     if res == 0 {
@@ -364,5 +385,21 @@ impl Io for UringIo {
 
     fn in_flight(&self) -> usize {
         self.ops.len() + self.done.len()
+    }
+
+    fn prefault(&mut self, addr: usize, len: usize) {
+        let idx = self.ops.insert(Op {
+            token: 0,
+            kind: Kind::Prefault(addr, len),
+            file: FileId::MAX,
+            offset: 0,
+            buf: None,
+            done: 0,
+        });
+        if !self.push(idx) {
+            self.backlog.push_back(idx);
+        }
+        // Now, not at the next poll: a writer may not poll for a while.
+        let _ = self.ring.submit();
     }
 }

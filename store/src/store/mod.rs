@@ -560,6 +560,8 @@ impl<I: Io> Store<I> {
             batch_spans: Vec::new(),
         };
         store.rebalance_cache();
+        let (addr, len) = store.active.index_range();
+        store.io.prefault(addr, len);
         Ok((store, report))
     }
 

@@ -125,6 +125,9 @@ impl<I: Io> Store<I> {
         if self.active.log_bytes() >= self.cfg.memtable_bytes() {
             self.freeze();
         }
+        if let Some((addr, len)) = self.active.spare_to_prefault() {
+            self.io.prefault(addr, len);
+        }
     }
 
     pub(super) fn freeze(&mut self) {
@@ -133,6 +136,8 @@ impl<I: Io> Store<I> {
             return;
         }
         let m = std::mem::replace(&mut self.active, Memtable::new(entries));
+        let (addr, len) = self.active.index_range();
+        self.io.prefault(addr, len);
         let order = self.next_order;
         self.next_order += 1;
         self.frozen.insert(0, (order, Rc::new(m)));
