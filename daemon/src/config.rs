@@ -22,7 +22,7 @@ pub struct Config {
     /// Memtable size per shard, MiB; 0 = the store's default (a quarter of
     /// the shard's budget, 4..=256 MiB). At most half the shard's budget.
     pub memtable_mib: u64,
-    /// Uids allowed to open sessions; empty = the daemon's own uid (and root).
+    /// Uids allowed to open sessions; empty = the daemon's own (effective) uid.
     pub allowed_uids: Vec<u32>,
     /// How long an idle shard spins before it sleeps, microseconds.
     pub spin_us: u64,

@@ -399,13 +399,16 @@ fn open(
         ));
     }
     let (lo, hi) = key_group_range(max_parallelism, parallelism, subtask);
-    // A subtask's key groups always live on the same shard: the shard is
-    // a function of who owns them, so a reopened session finds its state.
+    // An operator's state lives on one shard, a fixed function of its
+    // names (xxh3, stable across releases), so a reopened or rescaled
+    // subtask finds its key groups there. Changing `shards` moves
+    // operators; state then comes back through checkpoints.
     let shard = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (job, operator, lo, hi).hash(&mut h);
-        (h.finish() % ctx.shards.len() as u64) as usize
+        let mut b = Vec::with_capacity(job.len() + operator.len() + 1);
+        b.extend_from_slice(job.as_bytes());
+        b.push(0);
+        b.extend_from_slice(operator.as_bytes());
+        (xxhash_rust::xxh3::xxh3_64(&b) % ctx.shards.len() as u64) as usize
     };
     let id = ctx.next_session.fetch_add(1, Ordering::Relaxed);
     let params = RingParams {

@@ -92,7 +92,8 @@ impl Daemon {
             let j = std::thread::Builder::new()
                 .name(format!("statord-shard-{i}"))
                 .spawn(move || {
-                    let opened = UringIo::new(1024, true)
+                    // Room for a doorbell poll per session plus disk reads.
+                    let opened = UringIo::new(4096, true)
                         .map_err(|e| format!("cannot create an io_uring: {e}"))
                         .and_then(|io| {
                             Store::open(store_cfg, io).map_err(|e| e.to_string())

@@ -155,6 +155,9 @@ struct Item {
 const BELL_TOKEN: u64 = 0;
 /// How many requests ahead the shard starts loading client memory.
 const PREFETCH_AHEAD: usize = 8;
+/// Bytes of keys and values one batch copies out before it runs: bounds
+/// the shard's scratch memory whatever sizes clients name.
+const BATCH_BYTES: usize = 8 << 20;
 
 pub struct Shard {
     id: usize,
@@ -486,7 +489,6 @@ impl Shard {
         let max_in_flight = s.max_in_flight;
         let cq_blocked = &mut s.cq_blocked;
         let to_client = &s.to_client;
-        let mut pushed = false;
         let r = s
             .mem
             .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
@@ -520,12 +522,26 @@ impl Shard {
                     }
                     stats.requests += 1;
                     match take(ring, sqe, states, (kg_lo, kg_hi), scratch) {
-                        Ok(Some(item)) => items.push(item),
+                        Ok(Some(item)) => {
+                            items.push(item);
+                            if scratch.len() >= BATCH_BYTES {
+                                // Large values: run what is copied so far,
+                                // so one batch never holds more than this.
+                                run_batch(
+                                    store,
+                                    ring,
+                                    pending,
+                                    sid,
+                                    in_flight,
+                                    stats,
+                                    (items, tokens, scratch),
+                                )?;
+                            }
+                        }
                         Ok(None) => {
                             // Answered at once (no-op, not supported here).
                             let c = immediate(sqe);
                             push(ring, &c)?;
-                            pushed = true;
                         }
                         Err((st, out)) => {
                             stats.errors += 1;
@@ -535,7 +551,6 @@ impl Shard {
                                 c.buf_id = id;
                             }
                             push(ring, &c)?;
-                            pushed = true;
                         }
                     }
                 }
@@ -543,51 +558,19 @@ impl Shard {
                     // The client waits for room in its submission queue.
                     to_client.ring();
                 }
-                if items.is_empty() {
-                    if ring.cq.publish() {
-                        to_client.ring();
-                    }
-                    return Ok(true);
+                run_batch(
+                    store,
+                    ring,
+                    pending,
+                    sid,
+                    in_flight,
+                    stats,
+                    (items, tokens, scratch),
+                )?;
+                if scratch.capacity() > 2 * BATCH_BYTES {
+                    scratch.clear();
+                    scratch.shrink_to(BATCH_BYTES);
                 }
-                tokens.clear();
-                for it in items.iter() {
-                    tokens.push(pending.insert(Pending {
-                        session: sid,
-                        user_data: it.user_data,
-                        out: it.out,
-                    }) as u64);
-                }
-                let sc = &scratch[..];
-                let ops: Vec<Op<'_>> = items.iter().map(|it| op_of(it, sc)).collect();
-                let mut err: Result<(), QueueError> = Ok(());
-                store.submit_batch(tokens, &ops, |i, res| {
-                    // The result buffer a few requests ahead: write intent.
-                    if let Some(Out::Range(r)) = items.get(i + PREFETCH_AHEAD).map(|it| it.out) {
-                        ring.view().prefetch(r.off, true);
-                        ring.view().prefetch(r.off + 64, true);
-                    }
-                    let tok = tokens[i] as usize;
-                    let c = match res {
-                        Ok(Submitted::Pending) => {
-                            *in_flight += 1;
-                            return;
-                        }
-                        Ok(Submitted::Ready(o)) => {
-                            let p = pending.remove(tok);
-                            completion(ring, p.user_data, p.out, Ok(o))
-                        }
-                        Err(e) => {
-                            let p = pending.remove(tok);
-                            stats.errors += 1;
-                            completion(ring, p.user_data, p.out, Err(e))
-                        }
-                    };
-                    if err.is_ok() {
-                        err = push(ring, &c);
-                    }
-                    pushed = true;
-                });
-                err?;
                 // Published per batch, not per pass: the client refills
                 // its queue while the next batch runs.
                 if ring.cq.publish() {
@@ -595,9 +578,6 @@ impl Shard {
                 }
                 Ok(true)
             });
-        if pushed {
-            s.dirty = true;
-        }
         match r {
             Ok(progress) => progress,
             Err(e) => {
@@ -659,32 +639,38 @@ impl Shard {
                 continue;
             }
             let blocked = s.cq_blocked;
+            let in_flight = s.in_flight;
             let r = s
                 .mem
                 .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
-                    let mut w = ring.sq.prepare_sleep()?;
-                    if blocked {
-                        // Wake when the client frees completion slots.
-                        w |= ring.cq.prepare_wait()?;
+                    let sq_work = ring.sq.prepare_sleep()?;
+                    if !blocked {
+                        return Ok(sq_work);
                     }
-                    Ok(w)
+                    // Descriptors wait for completion room: ask to be woken
+                    // when the client frees slots, then look again (it may
+                    // have freed them before it could see the flag).
+                    ring.cq.prepare_wait()?;
+                    Ok(sq_work && ring.cq.free_now()? > in_flight)
                 });
             match r {
-                Ok(w) => work |= w && !blocked,
+                Ok(w) => work |= w,
                 Err(_) => s.broken = true,
             }
         }
         if !work {
             let io = self.store.io_mut();
+            // The control doorbell first: it must never wait behind
+            // session polls for room in the ring.
+            if !self.bell_armed {
+                io.poll_readable(self.bell.fd(), BELL_TOKEN);
+                self.bell_armed = true;
+            }
             for (_, s) in self.sessions.iter_mut() {
                 if !s.armed && !s.broken {
                     io.poll_readable(s.to_daemon.fd(), s.id);
                     s.armed = true;
                 }
-            }
-            if !self.bell_armed {
-                io.poll_readable(self.bell.fd(), BELL_TOKEN);
-                self.bell_armed = true;
             }
             let t = if self.store.busy() || self.store.pending() > 0 {
                 Duration::from_millis(1)
@@ -721,20 +707,26 @@ impl Shard {
         for (_, s) in self.sessions.iter() {
             s.mem.borrow_dependent().mark_closing();
         }
-        for slot in 0..self.sessions.capacity() {
-            if self.sessions.contains(slot) {
-                self.service(slot);
-            }
-        }
+        // Answer everything already submitted: take and run batches, and
+        // deliver reads from disk, until every queue is empty (or a client
+        // that does not reap has left no completion room) or 10 s passed.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.store.pending() > 0 && Instant::now() < deadline {
-            self.reap();
-            if self.store.pending() > 0 {
+        loop {
+            let mut progress = false;
+            for slot in 0..self.sessions.capacity() {
+                if self.sessions.contains(slot) {
+                    progress |= self.service(slot);
+                }
+            }
+            progress |= self.reap();
+            self.publish();
+            if Instant::now() >= deadline || (!progress && self.store.pending() == 0) {
+                break;
+            }
+            if !progress {
                 let _ = self.store.wait(Some(Duration::from_millis(5)));
             }
         }
-        self.reap();
-        self.publish();
         for (_, s) in self.sessions.iter() {
             // Clients sleeping for completions see `closing` now.
             s.to_client.ring();
@@ -743,6 +735,64 @@ impl Shard {
         self.store.settle();
         tracing::info!(shard = self.id, stats = ?self.stats, "shard stopped");
     }
+}
+
+/// Runs the validated requests of a batch (bytes in `scratch`) through the
+/// store and pushes the completions of those answered at once; the others
+/// complete through [`Shard::reap`]. Leaves the batch empty.
+fn run_batch(
+    store: &mut Store<UringIo>,
+    ring: &mut Ring<'_>,
+    pending: &mut Slab<Pending>,
+    sid: u64,
+    in_flight: &mut u32,
+    stats: &mut ShardStats,
+    (items, tokens, scratch): (&mut Vec<Item>, &mut Vec<u64>, &mut Vec<u8>),
+) -> Result<(), QueueError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    tokens.clear();
+    for it in items.iter() {
+        tokens.push(pending.insert(Pending {
+            session: sid,
+            user_data: it.user_data,
+            out: it.out,
+        }) as u64);
+    }
+    let sc = &scratch[..];
+    let ops: Vec<Op<'_>> = items.iter().map(|it| op_of(it, sc)).collect();
+    let mut err: Result<(), QueueError> = Ok(());
+    store.submit_batch(tokens, &ops, |i, res| {
+        // The result buffer a few requests ahead: write intent.
+        if let Some(Out::Range(r)) = items.get(i + PREFETCH_AHEAD).map(|it| it.out) {
+            ring.view().prefetch(r.off, true);
+            ring.view().prefetch(r.off + 64, true);
+        }
+        let tok = tokens[i] as usize;
+        let c = match res {
+            Ok(Submitted::Pending) => {
+                *in_flight += 1;
+                return;
+            }
+            Ok(Submitted::Ready(o)) => {
+                let p = pending.remove(tok);
+                completion(ring, p.user_data, p.out, Ok(o))
+            }
+            Err(e) => {
+                let p = pending.remove(tok);
+                stats.errors += 1;
+                completion(ring, p.user_data, p.out, Err(e))
+            }
+        };
+        if err.is_ok() {
+            err = push(ring, &c);
+        }
+    });
+    drop(ops);
+    items.clear();
+    scratch.clear();
+    err
 }
 
 /// The completion of a request answered without the store.
@@ -829,6 +879,16 @@ fn take_keyed(
         Out::Buf { id, off, len } => (st, Some((id, off, len))),
         _ => (st, None),
     };
+    // Sizes are checked before anything is copied: a range may span the
+    // whole arena, and only the store's limits are worth copying.
+    let part = stator_store::keys::MAX_PART_LEN;
+    if v.key.len > part
+        || v.namespace.len > part
+        || v.user_key.len > part
+        || (fields.value_in && v.value.len > stator_store::MAX_VALUE_LEN)
+    {
+        return Err(refuse(Status::TooLarge));
+    }
     let mut copy = |r: SegRange| -> Result<Range<usize>, Refusal> {
         let start = scratch.len();
         scratch.resize(start + r.len, 0);

@@ -33,4 +33,4 @@ mod store;
 
 pub use error::StoreError;
 pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
-pub use store::{MemoryUsage, RecoveryReport, Store, StoreConfig, StoreStats};
+pub use store::{MAX_VALUE_LEN, MemoryUsage, RecoveryReport, Store, StoreConfig, StoreStats};

@@ -207,6 +207,10 @@ impl Future for Call {
             let token = g.next;
             match g.session.submit(&req.request(), token) {
                 Ok(()) => {}
+                Err(Error::Full) if g.session.in_flight() == 0 => {
+                    // Nothing in flight will free room: it can never fit.
+                    return Poll::Ready(Err(Error::TooLarge));
+                }
                 Err(Error::Full) => {
                     g.blocked.push(cx.waker().clone());
                     return Poll::Pending;
