@@ -51,8 +51,8 @@ pub struct Memtable {
     log_bytes: usize,
     map_keys: BTreeSet<Box<[u8]>>,
     map_key_bytes: usize,
-    /// The next log chunk, mapped ahead (see [`Memtable::spare_to_prefault`]).
-    spare: Option<HugeArray<u8>>,
+    /// The next log chunks, mapped ahead (see [`Memtable::spare_to_prefault`]).
+    spares: std::collections::VecDeque<HugeArray<u8>>,
 }
 
 #[inline]
@@ -85,7 +85,7 @@ impl Memtable {
             log_bytes: 0,
             map_keys: BTreeSet::new(),
             map_key_bytes: 0,
-            spare: None,
+            spares: std::collections::VecDeque::new(),
         }
     }
 
@@ -98,15 +98,17 @@ impl Memtable {
         self.live == 0
     }
 
-    /// Maps the next log chunk as soon as the current one is started and
-    /// returns its range, for the caller to have faulted in off its thread
-    /// ([`crate::io::Io::prefault`]) while this chunk fills: a write then
-    /// rarely waits for a fresh page.
+    /// Keeps the next two log chunks mapped ahead and returns the range
+    /// of a new one, for the caller to have faulted in off its thread
+    /// ([`crate::io::Io::prefault`]) while earlier chunks fill: a write
+    /// then rarely waits for a fresh page.
     pub fn spare_to_prefault(&mut self) -> Option<(usize, usize)> {
-        if self.spare.is_some() {
+        const AHEAD: usize = 2;
+        if self.spares.len() >= AHEAD {
             return None;
         }
-        let c = self.spare.insert(HugeArray::zeroed(CHUNK));
+        self.spares.push_back(HugeArray::zeroed(CHUNK));
+        let c = self.spares.back().expect("just pushed");
         Some((c.as_ptr() as usize, c.len()))
     }
 
@@ -123,7 +125,7 @@ impl Memtable {
     /// Bytes of memory held (chunks, index, map key set).
     pub fn memory_bytes(&self) -> usize {
         self.chunks.iter().map(|c| c.len()).sum::<usize>()
-            + self.spare.as_ref().map_or(0, |c| c.len())
+            + self.spares.iter().map(|c| c.len()).sum::<usize>()
             + self.slots.len() * 8
             + self.map_key_bytes
     }
@@ -133,9 +135,14 @@ impl Memtable {
         let need_aligned = need.next_multiple_of(8);
         if self.tail + need_aligned > CHUNK || self.chunks.is_empty() {
             let size = need_aligned.max(CHUNK);
-            let chunk = match self.spare.take() {
+            let chunk = match self.spares.pop_front() {
                 Some(c) if size == CHUNK => c,
-                _ => HugeArray::zeroed(size),
+                other => {
+                    if let Some(c) = other {
+                        self.spares.push_front(c);
+                    }
+                    HugeArray::zeroed(size)
+                }
             };
             self.chunks.push(chunk);
             self.tail = 0;
