@@ -24,6 +24,9 @@ use stator_store::StateKind;
 use crate::config::Config;
 use crate::shard::{ShardHandle, ShardMsg};
 
+/// States the registry holds at most (each new one rewrites the file).
+const MAX_REGISTERED: usize = 1 << 16;
+
 /// State names of every job, and their store-wide ids. Persisted, so that
 /// a restarted daemon gives the same (job, operator, name) the same id.
 pub struct Registry {
@@ -84,6 +87,12 @@ impl Registry {
             }
             return Ok(e.id);
         }
+        if self.entries.len() >= MAX_REGISTERED {
+            return Err((
+                status::LIMIT,
+                format!("{MAX_REGISTERED} states are registered on this daemon"),
+            ));
+        }
         let id = self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1);
         self.entries.push(RegEntry {
             job: key.0.clone(),
@@ -142,6 +151,8 @@ pub struct Ctx {
     pub stopping: AtomicBool,
     pub sessions: AtomicUsize,
     pub next_session: AtomicU64,
+    /// Open control connections (capped at `max_sessions` + 64).
+    pub connections: AtomicUsize,
 }
 
 /// Accepts connections until `ctx.stopping`; polls so that it notices.
@@ -152,12 +163,22 @@ pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
     while !ctx.stopping.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let ctx = ctx.clone();
+                // One thread per connection, so connections are capped.
+                if ctx.connections.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_sessions + 64 {
+                    ctx.connections.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!("too many control connections; one refused");
+                    continue;
+                }
+                let c = ctx.clone();
                 let _ = stream.set_nonblocking(false);
                 let spawned = std::thread::Builder::new()
                     .name("statord-conn".into())
-                    .spawn(move || serve(stream, &ctx));
+                    .spawn(move || {
+                        serve(stream, &c);
+                        c.connections.fetch_sub(1, Ordering::AcqRel);
+                    });
                 if let Err(e) = spawned {
+                    ctx.connections.fetch_sub(1, Ordering::AcqRel);
                     tracing::error!(error = %e, "cannot start a connection thread");
                 }
             }
@@ -180,6 +201,9 @@ struct Open {
     shard: usize,
     job: String,
     operator: String,
+    /// Names this session registered (bounds what it can add to the
+    /// registry to `session.max_states`).
+    names: std::collections::HashSet<String>,
 }
 
 fn read_frame(s: &mut UnixStream, buf: &mut Vec<u8>) -> std::io::Result<Option<()>> {
@@ -297,7 +321,7 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
                 Err((st, m)) => refuse(&mut s, msg::OPEN, st, m),
             },
             Request::Register { kind: k, name } => {
-                let r = match &session {
+                let r = match &mut session {
                     None => Err((status::STATE, "open a session first".to_string())),
                     Some(o) => register(ctx, o, k, &name),
                 };
@@ -436,6 +460,7 @@ fn open(
                     shard,
                     job: job.to_string(),
                     operator: operator.to_string(),
+                    names: Default::default(),
                 },
                 Response::Opened {
                     session: id,
@@ -457,16 +482,26 @@ fn open(
     }
 }
 
-fn register(ctx: &Ctx, o: &Open, k: u8, name: &str) -> Result<u32, Refusal> {
+fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> {
     let kind = state_kind(k).ok_or((status::BAD_REQUEST, format!("unknown state kind {k}")))?;
     if name.is_empty() {
         return Err((status::BAD_REQUEST, "state name must not be empty".into()));
+    }
+    if !o.names.contains(name) && o.names.len() as u32 >= ctx.cfg.session.max_states {
+        return Err((
+            status::LIMIT,
+            format!(
+                "the session already has {} states (session.max_states)",
+                ctx.cfg.session.max_states
+            ),
+        ));
     }
     let store_id = ctx
         .registry
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .register(&o.job, &o.operator, name, k)?;
+    o.names.insert(name.to_string());
     let (tx, rx) = crossbeam_channel::bounded(1);
     ctx.shards[o.shard].send(ShardMsg::AddState {
         session: o.id,

@@ -142,6 +142,7 @@ impl Daemon {
             stopping: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
         });
         let c = ctx.clone();
         let acceptor = std::thread::Builder::new()

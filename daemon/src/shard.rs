@@ -817,20 +817,18 @@ fn take(
     ring: &mut Ring<'_>,
     sqe: &Sqe,
     states: &[(StateKind, u32)],
-    (kg_lo, kg_hi): (u16, u16),
+    key_groups: (u16, u16),
     scratch: &mut Vec<u8>,
 ) -> Result<Option<Item>, Refusal> {
     let v = sqe
         .validate(ring.arena())
         .map_err(|e| (Status::from(e), None))?;
-    let Some(want) = kind_of(v.op) else {
-        return if v.op == Opcode::Clear {
-            take_keyed(ring, &v, states, (kg_lo, kg_hi), scratch, None)
-        } else {
-            Ok(None)
-        };
-    };
-    take_keyed(ring, &v, states, (kg_lo, kg_hi), scratch, Some(want))
+    let want = kind_of(v.op);
+    if want.is_none() && v.op != Opcode::Clear {
+        // Not keyed: answered without the store.
+        return Ok(None);
+    }
+    take_keyed(ring, &v, states, key_groups, scratch, want)
 }
 
 fn take_keyed(

@@ -101,7 +101,7 @@ impl UringIo {
     /// (never out of `reap`). The caller keeps `fd` open until then; to
     /// disarm, make the fd readable (ring the eventfd) and ignore the token.
     pub fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
-        let idx = self.ops.insert(Op {
+        self.enqueue(Op {
             token,
             kind: Kind::Poll(fd.as_raw_fd()),
             file: FileId::MAX,
@@ -109,9 +109,6 @@ impl UringIo {
             buf: None,
             done: 0,
         });
-        if !self.push(idx) {
-            self.backlog.push_back(idx);
-        }
     }
 
     /// Moves the tokens of fds that became readable into `out`.
@@ -131,9 +128,10 @@ impl UringIo {
             )
             .build()
             .user_data(idx as u64);
-            // SAFETY: the kernel only faults in pages of our own mapping
-            // (content-preserving); if the range was unmapped meanwhile it
-            // fails with ENOMEM and nothing else happens.
+            // SAFETY: the kernel only faults in pages of this process's
+            // mappings and never changes their contents; if the range was
+            // unmapped meanwhile it fails with ENOMEM, or, if something
+            // else was mapped there, faults that in unchanged.
             let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
             self.in_kernel += pushed as usize;
             return pushed;
@@ -388,7 +386,7 @@ impl Io for UringIo {
     }
 
     fn prefault(&mut self, addr: usize, len: usize) {
-        let idx = self.ops.insert(Op {
+        self.enqueue(Op {
             token: 0,
             kind: Kind::Prefault(addr, len),
             file: FileId::MAX,
@@ -396,9 +394,6 @@ impl Io for UringIo {
             buf: None,
             done: 0,
         });
-        if !self.push(idx) {
-            self.backlog.push_back(idx);
-        }
         // Now, not at the next poll: a writer may not poll for a while.
         let _ = self.ring.submit();
     }
