@@ -6,6 +6,7 @@
 //! - [`Store`]: submit operations with a token; memory answers at once,
 //!   the rest completes through [`Store::poll`]; per-key order holds.
 //! - [`memtable`]: the write buffer (hash-indexed log, batched prefetch).
+//! - [`hugemem`]: zeroed arrays in huge-page mappings (the memtable's).
 //! - [`format`], [`segment`]: immutable sorted files, byte by byte in
 //!   `store/FORMAT.md` (CRC32C per block, block index, bloom filter,
 //!   checksummed footer).
@@ -15,8 +16,9 @@
 //! What it must never do: return bytes that failed their checksum, lose a
 //! segment that was completely written, block the caller's thread on disk
 //! I/O in `submit`, or know about queues, sessions or processes.
-//! `unsafe` lives only in `aligned.rs` (aligned buffers), `io/uring.rs`
-//! (handing buffers to the kernel) and the prefetch hint in `memtable.rs`.
+//! `unsafe` lives only in `aligned.rs` (aligned buffers), `hugemem.rs`
+//! (anonymous mappings), `io/uring.rs` (handing buffers to the kernel) and
+//! the prefetch hint in `memtable.rs`.
 
 pub mod aligned;
 pub mod bloom;
