@@ -232,4 +232,31 @@ fn zero_copy_writes_and_map_pages_through_the_daemon() {
         .map(|i| (format!("user-{i:04}").into_bytes(), i))
         .collect();
     assert_eq!(seen, want);
+
+    // An entry larger than the page: ResultTooLarge names a buffer size
+    // that holds it, and a retry with that size reads it.
+    let big = vec![9u8; 3000];
+    run(&mut s, &m.put(9, b"big", b"k", &big)).unwrap();
+    let mut r = m.iter(9, b"big", IterMode::Values, None);
+    r.capacity = 512;
+    s.submit(&r, 7).unwrap();
+    s.flush().unwrap();
+    let mut needed = 0;
+    while s
+        .poll(|c| {
+            assert_eq!(c.status, Ok(Status::ResultTooLarge));
+            needed = c.needed;
+        })
+        .unwrap()
+        == 0
+    {
+        s.wait(Some(Duration::from_millis(100))).unwrap();
+    }
+    assert!(needed as usize > big.len(), "{needed}");
+    r.capacity = needed;
+    let got = run(&mut s, &r).unwrap();
+    assert_eq!(got.status, Ok(Status::Ok));
+    let v = got.value.unwrap();
+    let p = Page::parse(&v).unwrap();
+    assert_eq!(elements(p.data).unwrap(), vec![&big[..]]);
 }

@@ -133,6 +133,7 @@ enum Out {
 struct Pending {
     session: u64,
     user_data: u64,
+    op: Opcode,
     out: Out,
 }
 
@@ -246,12 +247,8 @@ fn write_result(ring: &Ring<'_>, user_data: u64, out: Out, parts: &[&[u8]]) -> C
 }
 
 /// The completion of a request whose store result is `res`.
-fn completion(
-    ring: &Ring<'_>,
-    user_data: u64,
-    out: Out,
-    res: Result<Output<'_>, StoreError>,
-) -> Cqe {
+fn completion(ring: &Ring<'_>, p: &Pending, res: Result<Output<'_>, StoreError>) -> Cqe {
+    let (user_data, out) = (p.user_data, p.out);
     let with_buf = |mut c: Cqe| {
         if let Out::Buf { id, .. } = out {
             c.flags |= cqe_flags::BUFFER;
@@ -260,6 +257,19 @@ fn completion(
         c
     };
     match res {
+        Err(StoreError::TooLarge { len, .. }) if p.op == Opcode::MapIter => {
+            // Not one entry fits the page: say what buffer would hold it
+            // (the page keeps a quarter, at most 64 KiB + 4, for the cursor).
+            let mut c = with_buf(Cqe::status(user_data, Status::ResultTooLarge));
+            let cap = (len * 4).div_ceil(3) + 4;
+            let cap = if cap / 4 <= (64 << 10) + 4 {
+                cap
+            } else {
+                len + (64 << 10) + 8
+            };
+            c.len = cap.min(u32::MAX as usize) as u32;
+            c
+        }
         Err(e) => with_buf(Cqe::status(user_data, status_of(&e))),
         Ok(Output::Done) => with_buf(Cqe::status(user_data, Status::Ok)),
         Ok(Output::Contains(b)) => {
@@ -606,7 +616,7 @@ impl Shard {
             s.in_flight -= 1;
             s.dirty = true;
             let r = s.mem.with_dependent_mut(|_, ring| {
-                let c = completion(ring, p.user_data, p.out, res);
+                let c = completion(ring, &p, res);
                 push(ring, &c)
             });
             if r.is_err() {
@@ -757,6 +767,7 @@ fn run_batch(
         tokens.push(pending.insert(Pending {
             session: sid,
             user_data: it.user_data,
+            op: it.op,
             out: it.out,
         }) as u64);
     }
@@ -777,12 +788,12 @@ fn run_batch(
             }
             Ok(Submitted::Ready(o)) => {
                 let p = pending.remove(tok);
-                completion(ring, p.user_data, p.out, Ok(o))
+                completion(ring, &p, Ok(o))
             }
             Err(e) => {
                 let p = pending.remove(tok);
                 stats.errors += 1;
-                completion(ring, p.user_data, p.out, Err(e))
+                completion(ring, &p, Err(e))
             }
         };
         if err.is_ok() {
