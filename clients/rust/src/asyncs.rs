@@ -29,6 +29,8 @@ pub struct Reply {
 enum Slot {
     Waiting(Waker),
     Done(Result<Reply, String>),
+    /// Its future was dropped before the reply came: the reply is dropped.
+    Abandoned,
 }
 
 struct Inner {
@@ -239,9 +241,23 @@ impl Future for Call {
                         }),
                 )
             }
-            Some(Slot::Waiting(_)) | None => {
+            Some(Slot::Waiting(_)) | Some(Slot::Abandoned) | None => {
                 g.slots.insert(token, Slot::Waiting(cx.waker().clone()));
                 Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        // A submitted request completes anyway; forget its reply then.
+        if let Some(token) = self.token {
+            let mut g = lock(&self.shared);
+            if let Some(Slot::Waiting(_)) = g.slots.get(&token) {
+                g.slots.insert(token, Slot::Abandoned);
+            } else {
+                g.slots.remove(&token);
             }
         }
     }
@@ -273,8 +289,12 @@ fn reap(shared: &Shared, bell: std::os::fd::OwnedFd, sock: std::os::fd::OwnedFd)
                     }),
                     Err(code) => Err(format!("unknown completion status {code}")),
                 };
-                if let Some(Slot::Waiting(w)) = slots.insert(c.token, Slot::Done(reply)) {
-                    w.wake();
+                match slots.insert(c.token, Slot::Done(reply)) {
+                    Some(Slot::Waiting(w)) => w.wake(),
+                    Some(Slot::Abandoned) => {
+                        slots.remove(&c.token);
+                    }
+                    _ => {}
                 }
             });
             match r {
@@ -318,8 +338,10 @@ fn fail_all(g: &mut Inner, why: String) {
     let _ = g.session.fail(why.clone());
     g.dead = Some(why.clone());
     for (_, slot) in g.slots.iter_mut() {
-        if let Slot::Waiting(w) = std::mem::replace(slot, Slot::Done(Err(why.clone()))) {
-            w.wake();
+        match std::mem::replace(slot, Slot::Done(Err(why.clone()))) {
+            Slot::Waiting(w) => w.wake(),
+            Slot::Abandoned => *slot = Slot::Abandoned,
+            Slot::Done(r) => *slot = Slot::Done(r),
         }
     }
     g.blocked.drain(..).for_each(Waker::wake);
