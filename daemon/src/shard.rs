@@ -217,16 +217,24 @@ fn push(ring: &mut Ring<'_>, c: &Cqe) -> Result<(), QueueError> {
 }
 
 /// Copies `parts` into the request's result buffer; the completion.
+/// A completion with `status` that names the provided buffer `out` holds,
+/// if any: every buffer taken is named by its request's completion,
+/// whatever the status (PROTOCOL.md §7).
+fn answer(user_data: u64, status: Status, out: Out) -> Cqe {
+    let mut c = Cqe::status(user_data, status);
+    if let Out::Buf { id, .. } = out {
+        c.flags |= cqe_flags::BUFFER;
+        c.buf_id = id;
+    }
+    c
+}
+
 fn write_result(ring: &Ring<'_>, user_data: u64, out: Out, parts: &[&[u8]]) -> Cqe {
     let need: usize = parts.iter().map(|p| p.len()).sum();
-    let mut c = Cqe::status(user_data, Status::Ok);
+    let mut c = answer(user_data, Status::Ok, out);
     let (off, cap) = match out {
         Out::Range(r) => (r.off, r.len),
-        Out::Buf { id, off, len } => {
-            c.flags |= cqe_flags::BUFFER;
-            c.buf_id = id;
-            (off, len)
-        }
+        Out::Buf { off, len, .. } => (off, len),
         Out::None => (0, 0),
     };
     if need > cap {
@@ -249,18 +257,11 @@ fn write_result(ring: &Ring<'_>, user_data: u64, out: Out, parts: &[&[u8]]) -> C
 /// The completion of a request whose store result is `res`.
 fn completion(ring: &Ring<'_>, p: &Pending, res: Result<Output<'_>, StoreError>) -> Cqe {
     let (user_data, out) = (p.user_data, p.out);
-    let with_buf = |mut c: Cqe| {
-        if let Out::Buf { id, .. } = out {
-            c.flags |= cqe_flags::BUFFER;
-            c.buf_id = id;
-        }
-        c
-    };
     match res {
         Err(StoreError::TooLarge { len, .. }) if p.op == Opcode::MapIter => {
             // Not one entry fits the page: say what buffer would hold it
             // (the page keeps a quarter, at most 64 KiB + 4, for the cursor).
-            let mut c = with_buf(Cqe::status(user_data, Status::ResultTooLarge));
+            let mut c = answer(user_data, Status::ResultTooLarge, out);
             let cap = (len * 4).div_ceil(3) + 4;
             let cap = if cap / 4 <= (64 << 10) + 4 {
                 cap
@@ -270,14 +271,14 @@ fn completion(ring: &Ring<'_>, p: &Pending, res: Result<Output<'_>, StoreError>)
             c.len = cap.min(u32::MAX as usize) as u32;
             c
         }
-        Err(e) => with_buf(Cqe::status(user_data, status_of(&e))),
-        Ok(Output::Done) => with_buf(Cqe::status(user_data, Status::Ok)),
+        Err(e) => answer(user_data, status_of(&e), out),
+        Ok(Output::Done) => answer(user_data, Status::Ok, out),
         Ok(Output::Contains(b)) => {
-            let mut c = with_buf(Cqe::status(user_data, Status::Ok));
+            let mut c = answer(user_data, Status::Ok, out);
             c.aux = b as u64;
             c
         }
-        Ok(Output::Value(None)) => with_buf(Cqe::status(user_data, Status::NotFound)),
+        Ok(Output::Value(None)) => answer(user_data, Status::NotFound, out),
         Ok(Output::Value(Some(v))) => write_result(ring, user_data, out, &[v]),
         Ok(Output::Page {
             data,
@@ -555,12 +556,7 @@ impl Shard {
                         }
                         Err((st, out)) => {
                             stats.errors += 1;
-                            let mut c = Cqe::status(sqe.user_data, st);
-                            if let Some((id, _, _)) = out {
-                                c.flags |= cqe_flags::BUFFER;
-                                c.buf_id = id;
-                            }
-                            push(ring, &c)?;
+                            push(ring, &answer(sqe.user_data, st, out))?;
                         }
                     }
                 }
@@ -818,7 +814,7 @@ fn immediate(sqe: &Sqe) -> Cqe {
     }
 }
 
-type Refusal = (Status, Option<(u32, usize, usize)>);
+type Refusal = (Status, Out);
 
 /// Validates a descriptor (already copied out of shared memory) and copies
 /// the bytes it names into `scratch`. `Ok(None)`: answered without the
@@ -833,7 +829,7 @@ fn take(
 ) -> Result<Option<Item>, Refusal> {
     let v = sqe
         .validate(ring.arena())
-        .map_err(|e| (Status::from(e), None))?;
+        .map_err(|e| (Status::from(e), Out::None))?;
     let want = kind_of(v.op);
     if want.is_none() && v.op != Opcode::Clear {
         // Not keyed: answered without the store.
@@ -852,12 +848,12 @@ fn take_keyed(
 ) -> Result<Option<Item>, Refusal> {
     let &(kind, state) = states
         .get(v.state_id as usize)
-        .ok_or((Status::BadState, None))?;
+        .ok_or((Status::BadState, Out::None))?;
     if want.is_some_and(|w| w != kind) {
-        return Err((Status::BadState, None));
+        return Err((Status::BadState, Out::None));
     }
     if v.key_group < kg_lo || v.key_group > kg_hi {
-        return Err((Status::BadKeyGroup, None));
+        return Err((Status::BadKeyGroup, Out::None));
     }
     if v.op == Opcode::MapIter
         && !matches!(
@@ -865,7 +861,7 @@ fn take_keyed(
             iter_mode::KEYS | iter_mode::VALUES | iter_mode::ENTRIES
         )
     {
-        return Err((Status::BadArgument, None));
+        return Err((Status::BadArgument, Out::None));
     }
     let fields = v.op.fields();
     let out = if !fields.output {
@@ -877,17 +873,22 @@ fn take_keyed(
                 off: b.seg_off,
                 len: b.len,
             },
-            Ok(None) | Err(TakeBufError::NoRing) => return Err((Status::NoBuffer, None)),
-            Err(TakeBufError::Bad(b)) => return Err((Status::BadBuffer, Some((b.buf_id, 0, 0)))),
-            Err(TakeBufError::Queue(_)) => return Err((Status::BadBuffer, None)),
+            Ok(None) | Err(TakeBufError::NoRing) => return Err((Status::NoBuffer, Out::None)),
+            Err(TakeBufError::Bad(b)) => {
+                // Consumed, so named: the client learns the id is its own.
+                let out = Out::Buf {
+                    id: b.buf_id,
+                    off: 0,
+                    len: 0,
+                };
+                return Err((Status::BadBuffer, out));
+            }
+            Err(TakeBufError::Queue(_)) => return Err((Status::BadBuffer, Out::None)),
         }
     } else {
         Out::Range(v.value)
     };
-    let refuse = |st: Status| match out {
-        Out::Buf { id, off, len } => (st, Some((id, off, len))),
-        _ => (st, None),
-    };
+    let refuse = |st: Status| (st, out);
     // Sizes are checked before anything is copied: a range may span the
     // whole arena, and only the store's limits are worth copying.
     let part = stator_store::keys::MAX_PART_LEN;
