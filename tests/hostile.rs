@@ -313,3 +313,96 @@ fn bad_descriptors_get_errors_and_scribbling_hurts_no_one_else() {
         Some(&b"round 49"[..])
     );
 }
+
+/// The control socket refuses what it must, with a clear status and
+/// message, and goes on serving: a uid not allowed, a frame that does not
+/// decode, an oversized frame, a wrong protocol version, a register before
+/// open, a state registered again with another kind.
+#[test]
+fn the_control_socket_refuses_bad_requests_clearly() {
+    use stator_ring::control::{msg, status};
+    let read_resp = |s: &mut UnixStream| -> Response {
+        let mut pre = [0u8; 4];
+        std::io::Read::read_exact(s, &mut pre).unwrap();
+        let mut b = vec![0u8; frame_len(pre).unwrap()];
+        std::io::Read::read_exact(s, &mut b).unwrap();
+        Response::decode(&b).unwrap()
+    };
+    let refused = |r: Response, want: i32| match r {
+        Response::Error {
+            status, message, ..
+        } => {
+            assert_eq!(status, want, "{message}");
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected status {want}, got {other:?}"),
+    };
+
+    // A daemon that allows only some other uid refuses us at connect.
+    {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = Daemon::start_in(tmp.path(), 64, &["--allow-uid", "54321"]);
+        let mut s = UnixStream::connect(&d.socket).unwrap();
+        refused(read_resp(&mut s), status::DENIED);
+        let e = Session::open(&d.socket, &opts("nope", 0, 1))
+            .err()
+            .expect("denied");
+        assert!(e.to_string().contains("not allowed"), "{e}");
+    }
+
+    let d = Daemon::start(64);
+    let mut f = Vec::new();
+    // Garbage type byte; then an oversized length prefix.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.write_all(&[1, 0, 0, 0, 0x42]).unwrap();
+    refused(read_resp(&mut s), status::BAD_REQUEST);
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    refused(read_resp(&mut s), status::BAD_REQUEST);
+    // A register before open.
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    Request::Register {
+        kind: kind::VALUE,
+        name: "v".into(),
+    }
+    .encode(&mut f);
+    s.write_all(&f).unwrap();
+    refused(read_resp(&mut s), status::STATE);
+    // A wrong version.
+    Request::Open {
+        version: 99,
+        job: "j".into(),
+        operator: "o".into(),
+        subtask: 0,
+        parallelism: 1,
+        max_parallelism: 128,
+        sq_entries: 0,
+        cq_entries: 0,
+        arena_bytes: 0,
+    }
+    .encode(&mut f);
+    s.write_all(&f).unwrap();
+    match read_resp(&mut s) {
+        Response::Error {
+            request,
+            status: st,
+            ..
+        } => {
+            assert_eq!(request, msg::OPEN);
+            assert_eq!(st, status::VERSION);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A state name reused with another kind.
+    let mut a = Session::open(&d.socket, &opts("kinds", 0, 1)).unwrap();
+    a.register("x", Kind::Value).unwrap();
+    let e = a.register("x", Kind::Map).expect_err("conflict");
+    assert!(e.to_string().contains("value state"), "{e}");
+    // Through all of that the daemon kept serving.
+    let st = ValueState(a.register("x", Kind::Value).unwrap());
+    run(&mut a, &st.put(1, b"k", b"v")).unwrap();
+    assert_eq!(
+        run(&mut a, &st.get(1, b"k")).unwrap().value.as_deref(),
+        Some(&b"v"[..])
+    );
+}

@@ -17,10 +17,10 @@ use serde_json::json;
 use slab::Slab;
 use stator_client::{Kind, OpenOptions, Session, Status, ValueState};
 use stator_store::io::UringIo;
-use stator_store::{KeyRef, Op, Output, Store, Submitted};
+use stator_store::{Op, Store};
 
 use crate::report::{Bound, Case, Reporter, histogram};
-use crate::store::{Rng, map_peer, value};
+use crate::store::{Rng, batched_gets, map_peer, single_gets, skey, value};
 
 const SUITE: &str = "serve";
 const MAX_PARALLELISM: u64 = 128;
@@ -516,64 +516,14 @@ fn in_process_store(
     cfg.memtable_bytes = Some((memtable_mib << 20) as usize);
     let (mut s, _) =
         Store::open(cfg, UringIo::new(256, true).expect("io_uring")).expect("open store");
-    fn kref(k: &[u8; 8]) -> KeyRef<'_> {
-        KeyRef {
-            key_group: (u64::from_be_bytes(*k) % MAX_PARALLELISM) as u16,
-            state: 1,
-            key: k,
-            namespace: b"",
-        }
-    }
+    let mut kb = [0u8; 8];
     for i in 0..n {
-        let (k, _) = key(i);
-        s.submit(0, Op::Put(kref(&k), &vals[(i % 256) as usize]))
+        s.submit(0, Op::Put(skey(i, &mut kb), &vals[(i % 256) as usize]))
             .expect("put");
     }
-    let mut rng = Rng(5);
-    let mut h = histogram();
-    let mut out = [0u8; 4096];
-    let t = Instant::now();
-    for op in 0..n {
-        let (k, _) = key(rng.below(n));
-        let t0 = op.is_multiple_of(8).then(Instant::now);
-        match s.submit(0, Op::Get(kref(&k))) {
-            Ok(Submitted::Ready(Output::Value(Some(v)))) => out[..v.len()].copy_from_slice(v),
-            other => panic!("in-process get: {other:?}"),
-        }
-        if let Some(t0) = t0 {
-            h.record(t0.elapsed().as_nanos() as u64).expect("in range");
-        }
-    }
-    let one = Case::new(SUITE, "get_inprocess_store", n, t.elapsed()).latency(h);
+    let one = single_gets(&mut s, SUITE, "get_inprocess_store", n, 5);
     r.case(&one);
-    let batch = 256usize;
-    let tokens: Vec<u64> = (0..batch as u64).collect();
-    let mut keys = vec![[0u8; 8]; batch];
-    let mut found = 0u64;
-    let t = Instant::now();
-    let mut done = 0;
-    while done < n {
-        let m = batch.min((n - done) as usize);
-        for k in keys.iter_mut().take(m) {
-            *k = key(rng.below(n)).0;
-        }
-        let ops: Vec<Op<'_>> = keys[..m].iter().map(|k| Op::Get(kref(k))).collect();
-        s.submit_batch(&tokens[..m], &ops, |_, res| {
-            if let Ok(Submitted::Ready(Output::Value(Some(v)))) = res {
-                out[..v.len()].copy_from_slice(v);
-                found += 1;
-            }
-        });
-        done += m as u64;
-    }
-    assert_eq!(found, n);
-    let b = Case::new(
-        SUITE,
-        format!("get_batch{batch}_inprocess_store"),
-        n,
-        t.elapsed(),
-    )
-    .with("batch", batch);
+    let b = batched_gets(&mut s, SUITE, "get_batch256_inprocess_store", n, 256, 6);
     r.case(&b);
     (one.ops_per_sec, b.ops_per_sec)
 }

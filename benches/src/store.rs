@@ -78,8 +78,84 @@ pub fn raw_key(i: u64) -> [u8; 16] {
     k
 }
 
+/// `n` uniform random gets of loaded keys `0..n`, one at a time (1 in
+/// `SAMPLE` timed); every key must be found.
+pub(crate) fn single_gets(
+    s: &mut Store<UringIo>,
+    suite: &'static str,
+    name: &str,
+    n: u64,
+    seed: u64,
+) -> Case {
+    let mut rng = Rng(seed);
+    let mut h = histogram();
+    let (mut kb, mut out) = ([0u8; 8], [0u8; 4096]);
+    let mut found = 0u64;
+    let t = Instant::now();
+    for op in 0..n {
+        let i = rng.below(n);
+        let t0 = (op % SAMPLE == 0).then(Instant::now);
+        if let Ok(Submitted::Ready(Output::Value(Some(v)))) = s.submit(0, Op::Get(skey(i, &mut kb)))
+        {
+            out[..v.len()].copy_from_slice(v);
+            found += 1;
+        }
+        if let Some(t0) = t0 {
+            h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+        }
+    }
+    assert_eq!(found, n, "every key was loaded");
+    std::hint::black_box(&out);
+    Case::new(suite, name, n, t.elapsed()).latency(h)
+}
+
+/// `n` uniform random gets of loaded keys `0..n` through `submit_batch`,
+/// `batch` at a time; every key must be found.
+pub(crate) fn batched_gets(
+    s: &mut Store<UringIo>,
+    suite: &'static str,
+    name: &str,
+    n: u64,
+    batch: usize,
+    seed: u64,
+) -> Case {
+    let mut rng = Rng(seed);
+    let tokens: Vec<u64> = (0..batch as u64).collect();
+    let mut keys: Vec<[u8; 8]> = vec![[0; 8]; batch];
+    let mut out = [0u8; 4096];
+    let (mut found, mut done) = (0u64, 0u64);
+    let t = Instant::now();
+    while done < n {
+        let m = batch.min((n - done) as usize);
+        for k in keys.iter_mut().take(m) {
+            *k = rng.below(n).to_be_bytes();
+        }
+        let ops: Vec<Op<'_>> = keys[..m]
+            .iter()
+            .map(|k| {
+                Op::Get(KeyRef {
+                    key_group: (u64::from_be_bytes(*k) % MAX_PARALLELISM) as u16,
+                    state: 1,
+                    key: k,
+                    namespace: b"",
+                })
+            })
+            .collect();
+        s.submit_batch(&tokens[..m], &ops, |_, res| {
+            if let Ok(Submitted::Ready(Output::Value(Some(v)))) = res {
+                out[..v.len()].copy_from_slice(v);
+                found += 1;
+            }
+        });
+        done += m as u64;
+    }
+    assert_eq!(found, n, "every key was loaded");
+    std::hint::black_box(&out);
+    Case::new(suite, name, n, t.elapsed()).with("batch", batch)
+}
+
 /// The same key as Stator takes it: key group, state 1, key bytes `i`.
-fn skey(i: u64, buf: &mut [u8; 8]) -> KeyRef<'_> {
+pub(crate) fn skey(i: u64, buf: &mut [u8; 8]) -> KeyRef<'_> {
     *buf = i.to_be_bytes();
     KeyRef {
         key_group: (i % MAX_PARALLELISM) as u16,
@@ -211,76 +287,21 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
     let stator_batch_put = c.ops_per_sec;
     r.case(&c);
 
-    // Random gets, one at a time.
-    let mut gets = |s: &mut Store<UringIo>, name: &str, r: &mut Reporter| -> f64 {
-        let mut rng = Rng(42);
-        let mut h = histogram();
-        let mut kb = [0u8; 8];
-        let t = Instant::now();
-        let mut found = 0u64;
-        for op in 0..n {
-            let i = rng.below(n);
-            let t0 = (op % SAMPLE == 0).then(Instant::now);
-            if let Ok(Submitted::Ready(Output::Value(Some(v)))) =
-                s.submit(0, Op::Get(skey(i, &mut kb)))
-            {
-                out[..v.len()].copy_from_slice(v);
-                found += 1;
-            }
-            if let Some(t0) = t0 {
-                h.record(t0.elapsed().as_nanos() as u64).expect("in range");
-            }
-        }
-        assert_eq!(found, n, "every key was loaded");
-        let c = Case::new(SUITE, name, n, t.elapsed())
-            .latency(h)
-            .with("keys", n);
-        r.case(&c);
-        c.ops_per_sec
-    };
-    let stator_get = gets(&mut s, "mem_get_stator", r);
-
-    // Batched gets: the whole batch's memory loads overlap.
+    // Random gets, one at a time, then in batches whose memory loads
+    // overlap.
+    let c = single_gets(&mut s, SUITE, "mem_get_stator", n, 42).with("keys", n);
+    r.case(&c);
+    let stator_get = c.ops_per_sec;
     let mut stator_batch_get = 0.0;
     for batch in [16usize, 64] {
-        let mut rng = Rng(43);
-        let t = Instant::now();
-        let mut keys: Vec<[u8; 8]> = vec![[0; 8]; batch];
-        let tokens: Vec<u64> = (0..batch as u64).collect();
-        let mut found = 0u64;
-        let mut done = 0;
-        while done < n {
-            let m = batch.min((n - done) as usize);
-            for k in keys.iter_mut().take(m) {
-                *k = rng.below(n).to_be_bytes();
-            }
-            let ops: Vec<Op<'_>> = keys[..m]
-                .iter()
-                .map(|k| {
-                    Op::Get(KeyRef {
-                        key_group: (u64::from_be_bytes(*k) % MAX_PARALLELISM) as u16,
-                        state: 1,
-                        key: k,
-                        namespace: b"",
-                    })
-                })
-                .collect();
-            s.submit_batch(&tokens[..m], &ops, |_, res| {
-                if let Ok(Submitted::Ready(Output::Value(Some(v)))) = res {
-                    out[..v.len()].copy_from_slice(v);
-                    found += 1;
-                }
-            });
-            done += m as u64;
-        }
-        assert_eq!(found, n);
-        let c = Case::new(
+        let c = batched_gets(
+            &mut s,
             SUITE,
-            format!("mem_get_batch{batch}_stator"),
+            &format!("mem_get_batch{batch}_stator"),
             n,
-            t.elapsed(),
-        )
-        .with("batch", batch);
+            batch,
+            43,
+        );
         stator_batch_get = f64::max(stator_batch_get, c.ops_per_sec);
         r.case(&c);
     }

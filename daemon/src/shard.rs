@@ -262,13 +262,7 @@ fn completion(ring: &Ring<'_>, p: &Pending, res: Result<Output<'_>, StoreError>)
             // Not one entry fits the page: say what buffer would hold it
             // (the page keeps a quarter, at most 64 KiB + 4, for the cursor).
             let mut c = answer(user_data, Status::ResultTooLarge, out);
-            let cap = (len * 4).div_ceil(3) + 4;
-            let cap = if cap / 4 <= (64 << 10) + 4 {
-                cap
-            } else {
-                len + (64 << 10) + 8
-            };
-            c.len = cap.min(u32::MAX as usize) as u32;
+            c.len = page_buffer_for(len).min(u32::MAX as usize) as u32;
             c
         }
         Err(e) => answer(user_data, status_of(&e), out),
@@ -931,6 +925,24 @@ fn take_keyed(
     }))
 }
 
+/// Room a map page of a `cap`-byte buffer gives its entries: the rest is
+/// kept for the resume cursor after them (a user key is at most 64 KiB):
+/// a quarter of the buffer, at least 4 bytes, at most 64 KiB + 4.
+fn page_entries_bytes(cap: usize) -> usize {
+    cap.saturating_sub((cap / 4).clamp(4, (64 << 10) + 4))
+}
+
+/// The smallest buffer whose page holds `entry` bytes of entries (the
+/// inverse of [`page_entries_bytes`]).
+fn page_buffer_for(entry: usize) -> usize {
+    let cap = (entry * 4).div_ceil(3) + 4;
+    if cap / 4 <= (64 << 10) + 4 {
+        cap
+    } else {
+        entry + (64 << 10) + 4
+    }
+}
+
 /// The store operation of a validated request.
 fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
     let k = KeyRef {
@@ -958,9 +970,6 @@ fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
                 Out::Buf { len, .. } => len,
                 Out::None => 0,
             };
-            // Room for the resume cursor after the page (a user key is at
-            // most 64 KiB): a quarter of the buffer, up to 64 KiB + 4.
-            let reserve = (cap / 4).clamp(4, (64 << 10) + 4);
             Op::MapIter {
                 map: k,
                 mode: match it.arg {
@@ -969,10 +978,27 @@ fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
                     _ => IterMode::Entries,
                 },
                 after: (it.flags & sqe_flags::ITER_RESUME != 0).then_some(uk),
-                max_bytes: cap.saturating_sub(reserve),
+                max_bytes: page_entries_bytes(cap),
             }
         }
         // Clear (the only other keyed opcode `take` lets through).
         _ => Op::Clear(k, it.kind),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_buffer_for_an_entry_holds_it() {
+        for e in [1usize, 3, 100, 3000, 49151, 49152, 196_000, 1 << 20] {
+            let cap = page_buffer_for(e);
+            assert!(page_entries_bytes(cap) >= e, "entry {e}, cap {cap}");
+            assert!(
+                cap <= e + e / 3 + (64 << 10) + 8,
+                "entry {e}: {cap} is needlessly large"
+            );
+        }
     }
 }
