@@ -5,6 +5,7 @@
 //! where latency applies). Figures and the commands that produced them are
 //! recorded in `benches/RESULTS.md`.
 
+mod checkpoint;
 mod report;
 mod ring;
 #[cfg(feature = "rocksdb")]
@@ -32,6 +33,8 @@ enum Suite {
     Store(store::StoreArgs),
     /// statord under load (sessions x in-flight depth x op mix) vs. the in-process store and hashbrown.
     Serve(serve::ServeArgs),
+    /// Checkpoint, restore and rescale durations at growing state sizes (vs. RocksDB checkpoints).
+    Checkpoint(checkpoint::CheckpointArgs),
     /// Internal: the peer process of the ring suite.
     #[command(name = "__ring-peer", hide = true)]
     RingPeer(ring::PeerArgs),
@@ -46,6 +49,7 @@ fn main() {
         Suite::Store(a) => store::run(a),
         Suite::RingPeer(a) => ring::peer_main(a),
         Suite::Serve(a) => serve::run(a),
+        Suite::Checkpoint(a) => checkpoint::run(a),
         Suite::Statord(a) => serve::daemon_main(a),
     }
 }

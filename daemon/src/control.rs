@@ -20,6 +20,7 @@ use stator_ring::control::{
 use stator_ring::keygroup::key_group_range;
 use stator_shm::fdpass::send_fds;
 use stator_store::StateKind;
+use stator_store::StoreError;
 
 use crate::config::Config;
 use crate::shard::{ShardHandle, ShardMsg};
@@ -112,6 +113,19 @@ impl Registry {
         Ok(id)
     }
 
+    /// Every state id of an operator, and its registrations as JSON (kept
+    /// in checkpoint manifests).
+    pub fn operator_states(&self, job: &str, op: &str) -> (Vec<u32>, Vec<u8>) {
+        let mine: Vec<&RegEntry> = self
+            .entries
+            .iter()
+            .filter(|e| e.job == job && e.operator == op)
+            .collect();
+        let ids = mine.iter().map(|e| e.id).collect();
+        let meta = serde_json::to_vec(&mine).unwrap_or_default();
+        (ids, meta)
+    }
+
     fn save(&self) -> std::io::Result<()> {
         let tmp = self.path.with_extension("json.tmp");
         let mut f = std::fs::File::create(&tmp)?;
@@ -147,7 +161,7 @@ fn state_kind(k: u8) -> Option<StateKind> {
 pub struct Ctx {
     pub cfg: Config,
     pub shards: Vec<ShardHandle>,
-    pub registry: Mutex<Registry>,
+    pub registry: Arc<Mutex<Registry>>,
     pub stopping: AtomicBool,
     pub sessions: AtomicUsize,
     pub next_session: AtomicU64,
@@ -335,6 +349,21 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
                     Err((st, m)) => refuse(&mut s, msg::REGISTER, st, m),
                 }
             }
+            Request::Restore { handles } => {
+                let r = match &session {
+                    None => Err((status::STATE, "open a session first".to_string())),
+                    Some(o) => restore(ctx, o, handles),
+                };
+                match r {
+                    Ok(resp) => {
+                        resp.encode(&mut out);
+                        if s.write_all(&out).is_err() {
+                            break;
+                        }
+                    }
+                    Err((st, m)) => refuse(&mut s, msg::RESTORE, st, m),
+                }
+            }
             Request::Close => {
                 if let Some(o) = session.take() {
                     close(ctx, &o);
@@ -445,6 +474,7 @@ fn open(
     let (tx, rx) = crossbeam_channel::bounded(1);
     let sent = ctx.shards[shard].send(ShardMsg::Open {
         session: id,
+        owner: (job.to_string(), operator.to_string()),
         params,
         key_groups: (lo, hi),
         max_in_flight: lim.max_in_flight,
@@ -513,6 +543,40 @@ fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> 
     match rx.recv() {
         Ok(Ok(id)) => Ok(id),
         Ok(Err(m)) => Err((status::LIMIT, m)),
+        Err(_) => Err((status::INTERNAL, "the shard is not running".into())),
+    }
+}
+
+/// Replaces the session's state by what checkpoints hold of its range.
+fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Response, Refusal> {
+    if handles.is_empty() {
+        return Err((
+            status::BAD_REQUEST,
+            "a restore needs at least one handle".into(),
+        ));
+    }
+    let (states, _) = ctx
+        .registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .operator_states(&o.job, &o.operator);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    ctx.shards[o.shard].send(ShardMsg::Restore {
+        session: o.id,
+        states,
+        handles,
+        reply: tx,
+    });
+    match rx.recv() {
+        Ok(Ok(r)) => {
+            tracing::info!(session = o.id, checkpoints = ?r.manifests.iter().map(|m| m.checkpoint_id).collect::<Vec<_>>(), layers = r.layers, "session restored");
+            Ok(Response::Restored {
+                checkpoints: r.manifests.len() as u32,
+                layers: r.layers as u32,
+            })
+        }
+        Ok(Err(e @ StoreError::Restore(_))) => Err((status::RESTORE_REFUSED, e.to_string())),
+        Ok(Err(e)) => Err((status::INTERNAL, format!("restore failed: {e}"))),
         Err(_) => Err((status::INTERNAL, "the shard is not running".into())),
     }
 }

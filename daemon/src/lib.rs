@@ -71,8 +71,10 @@ impl Daemon {
         }
         // A socket file nobody answers on is a leftover of a crash.
         let _ = std::fs::remove_file(&sock);
-        let registry = Registry::open(&cfg.data_dir)
-            .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?;
+        let registry = Arc::new(Mutex::new(
+            Registry::open(&cfg.data_dir)
+                .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?,
+        ));
 
         let mut handles = Vec::new();
         let mut shards = Vec::new();
@@ -86,6 +88,7 @@ impl Daemon {
             })?);
             let (spin, batch) = (Duration::from_micros(cfg.spin_us), cfg.session.batch);
             let b = bell.clone();
+            let reg = registry.clone();
             let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
             // The store is the shard thread's own (it is not Send): it is
             // opened there, and the outcome reported back.
@@ -105,7 +108,7 @@ impl Daemon {
                             }
                             tracing::info!(shard = i, dir = %dir.display(), segments = report.segments, "store opened");
                             let _ = ready_tx.send(Ok(()));
-                            Shard::new(i, store, rx, b, spin, batch).run()
+                            Shard::new(i, store, rx, b, (spin, batch), reg).run()
                         }
                         Err(m) => {
                             let _ = ready_tx.send(Err(m));
@@ -138,7 +141,7 @@ impl Daemon {
         let ctx = Arc::new(Ctx {
             cfg,
             shards: handles,
-            registry: Mutex::new(registry),
+            registry,
             stopping: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -30,7 +30,12 @@ use stator_ring::sqe::{SegRange, iter_mode, sqe_flags};
 use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
 use stator_shm::Segment;
 use stator_store::io::UringIo;
-use stator_store::{IterMode, KeyRef, Op, Output, StateKind, Store, StoreError, Submitted};
+use stator_store::{
+    CheckpointSpec, IterMode, KeyRef, Notify, Op, Output, RestoreSpec, Restored, StateKind, Store,
+    StoreError, Submitted,
+};
+
+use crate::control::Registry;
 
 type Ring<'a> = DaemonRing<'a>;
 
@@ -47,6 +52,8 @@ self_cell::self_cell!(
 pub enum ShardMsg {
     Open {
         session: u64,
+        /// Job and operator.
+        owner: (String, String),
         params: RingParams,
         key_groups: (u16, u16),
         max_in_flight: u32,
@@ -59,6 +66,14 @@ pub enum ShardMsg {
         store_id: u32,
         max_states: u32,
         reply: Sender<Result<u32, String>>,
+    },
+    /// Replaces a session's state by what checkpoints hold of its range.
+    Restore {
+        session: u64,
+        /// Every state id of the session's operator.
+        states: Vec<u32>,
+        handles: Vec<Vec<u8>>,
+        reply: Sender<Result<Restored, StoreError>>,
     },
     Close {
         session: u64,
@@ -102,6 +117,10 @@ pub struct ShardStats {
 
 struct Session {
     id: u64,
+    /// `job \0 operator`: whose checkpoints these are.
+    owner: Vec<u8>,
+    job: String,
+    operator: String,
     mem: Mem,
     to_daemon: Doorbell,
     to_client: Doorbell,
@@ -163,6 +182,7 @@ const BATCH_BYTES: usize = 8 << 20;
 pub struct Shard {
     id: usize,
     store: Store<UringIo>,
+    registry: Arc<Mutex<Registry>>,
     sessions: Slab<Session>,
     by_id: HashMap<u64, usize>,
     pending: Slab<Pending>,
@@ -189,6 +209,7 @@ fn status_of(e: &StoreError) -> Status {
         StoreError::OverBudget { .. } => Status::Busy,
         StoreError::Invalid(_) => Status::BadArgument,
         StoreError::Dir { .. } => Status::Internal,
+        StoreError::Restore(_) => Status::BadArgument,
     }
 }
 
@@ -298,12 +319,13 @@ impl Shard {
         store: Store<UringIo>,
         rx: Receiver<ShardMsg>,
         bell: Arc<Doorbell>,
-        spin: Duration,
-        batch: u32,
+        (spin, batch): (Duration, u32),
+        registry: Arc<Mutex<Registry>>,
     ) -> Shard {
         Shard {
             id,
             store,
+            registry,
             sessions: Slab::new(),
             by_id: HashMap::new(),
             pending: Slab::new(),
@@ -368,12 +390,13 @@ impl Shard {
             match m {
                 ShardMsg::Open {
                     session,
+                    owner,
                     params,
                     key_groups,
                     max_in_flight,
                     reply,
                 } => {
-                    let r = self.open(session, params, key_groups, max_in_flight);
+                    let r = self.open(session, owner, params, key_groups, max_in_flight);
                     let _ = reply.send(r);
                 }
                 ShardMsg::AddState {
@@ -401,6 +424,28 @@ impl Shard {
                     };
                     let _ = reply.send(r);
                 }
+                ShardMsg::Restore {
+                    session,
+                    states,
+                    handles,
+                    reply,
+                } => {
+                    let r = match self.by_id.get(&session) {
+                        None => Err(StoreError::Invalid("no such session")),
+                        Some(&slot) => {
+                            let s = &self.sessions[slot];
+                            let hs: Vec<&[u8]> = handles.iter().map(|h| h.as_slice()).collect();
+                            let spec = RestoreSpec {
+                                owner: &s.owner,
+                                lo: s.key_groups.0,
+                                hi: s.key_groups.1,
+                                states: &states,
+                            };
+                            self.store.restore(spec, &hs)
+                        }
+                    };
+                    let _ = reply.send(r);
+                }
                 ShardMsg::Close { session, reply } => {
                     self.close(session);
                     let _ = reply.send(());
@@ -413,6 +458,7 @@ impl Shard {
     fn open(
         &mut self,
         id: u64,
+        (job, operator): (String, String),
         params: RingParams,
         key_groups: (u16, u16),
         max_in_flight: u32,
@@ -431,8 +477,15 @@ impl Shard {
             to_daemon: dup(to_daemon.fd())?,
             to_client: dup(to_client.fd())?,
         };
+        let mut owner = Vec::with_capacity(job.len() + operator.len() + 1);
+        owner.extend_from_slice(job.as_bytes());
+        owner.push(0);
+        owner.extend_from_slice(operator.as_bytes());
         let slot = self.sessions.insert(Session {
             id,
+            owner,
+            job,
+            operator,
             mem,
             to_daemon,
             to_client,
@@ -473,6 +526,7 @@ impl Shard {
     fn service(&mut self, slot: usize) -> bool {
         let Shard {
             store,
+            registry,
             sessions,
             pending,
             scratch,
@@ -488,6 +542,7 @@ impl Shard {
             return false;
         }
         let sid = s.id;
+        let (owner, job, operator) = (&s.owner, &s.job, &s.operator);
         let (kg_lo, kg_hi) = s.key_groups;
         let states = &s.states;
         let in_flight = &mut s.in_flight;
@@ -526,6 +581,29 @@ impl Shard {
                         ring.view().prefetch(base + q.key.off as usize, false);
                     }
                     stats.requests += 1;
+                    if matches!(
+                        Opcode::from_u8(sqe.opcode),
+                        Some(Opcode::Checkpoint | Opcode::CheckpointNotify)
+                    ) {
+                        // A barrier: every earlier request takes effect
+                        // (or fixes its snapshot) first.
+                        run_batch(
+                            store,
+                            ring,
+                            pending,
+                            sid,
+                            in_flight,
+                            stats,
+                            (items, tokens, scratch),
+                        )?;
+                        let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
+                        if let Some(c) =
+                            checkpoint_op(store, ring, sqe, who, registry, pending, sid, in_flight)
+                        {
+                            push(ring, &c)?;
+                        }
+                        continue;
+                    }
                     match take(ring, sqe, states, (kg_lo, kg_hi), scratch) {
                         Ok(Some(item)) => {
                             items.push(item);
@@ -858,30 +936,7 @@ fn take_keyed(
         return Err((Status::BadArgument, Out::None));
     }
     let fields = v.op.fields();
-    let out = if !fields.output {
-        Out::None
-    } else if v.buffer_select() {
-        match ring.take_buffer() {
-            Ok(Some(b)) => Out::Buf {
-                id: b.buf_id,
-                off: b.seg_off,
-                len: b.len,
-            },
-            Ok(None) | Err(TakeBufError::NoRing) => return Err((Status::NoBuffer, Out::None)),
-            Err(TakeBufError::Bad(b)) => {
-                // Consumed, so named: the client learns the id is its own.
-                let out = Out::Buf {
-                    id: b.buf_id,
-                    off: 0,
-                    len: 0,
-                };
-                return Err((Status::BadBuffer, out));
-            }
-            Err(TakeBufError::Queue(_)) => return Err((Status::BadBuffer, Out::None)),
-        }
-    } else {
-        Out::Range(v.value)
-    };
+    let out = take_out(ring, v)?;
     let refuse = |st: Status| (st, out);
     // Sizes are checked before anything is copied: a range may span the
     // whole arena, and only the store's limits are worth copying.
@@ -923,6 +978,101 @@ fn take_keyed(
         arg: v.arg,
         out,
     }))
+}
+
+/// Where a request's result goes: nowhere, the range it names, or a
+/// provided buffer taken now (a bad one is named in the refusal: the
+/// client learns the id is its own again).
+fn take_out(ring: &mut Ring<'_>, v: &stator_ring::ValidSqe) -> Result<Out, Refusal> {
+    if !v.op.fields().output {
+        return Ok(Out::None);
+    }
+    if !v.buffer_select() {
+        return Ok(Out::Range(v.value));
+    }
+    match ring.take_buffer() {
+        Ok(Some(b)) => Ok(Out::Buf {
+            id: b.buf_id,
+            off: b.seg_off,
+            len: b.len,
+        }),
+        Ok(None) | Err(TakeBufError::NoRing) => Err((Status::NoBuffer, Out::None)),
+        Err(TakeBufError::Bad(b)) => Err((
+            Status::BadBuffer,
+            Out::Buf {
+                id: b.buf_id,
+                off: 0,
+                len: 0,
+            },
+        )),
+        Err(TakeBufError::Queue(_)) => Err((Status::BadBuffer, Out::None)),
+    }
+}
+
+/// Whose checkpoints a session takes: `(owner, job, operator, key groups)`.
+type Owner<'a> = (&'a [u8], &'a str, &'a str, (u16, u16));
+
+/// A checkpoint barrier or notification (every earlier request of the
+/// session has been run). `None`: the checkpoint completes later, through
+/// the store's poll.
+#[allow(clippy::too_many_arguments)]
+fn checkpoint_op(
+    store: &mut Store<UringIo>,
+    ring: &mut Ring<'_>,
+    sqe: &Sqe,
+    (owner, job, operator, (lo, hi)): Owner<'_>,
+    registry: &Mutex<Registry>,
+    pending: &mut Slab<Pending>,
+    sid: u64,
+    in_flight: &mut u32,
+) -> Option<Cqe> {
+    let v = match sqe.validate(ring.arena()) {
+        Ok(v) => v,
+        Err(e) => return Some(Cqe::status(sqe.user_data, Status::from(e))),
+    };
+    if v.op == Opcode::CheckpointNotify {
+        use stator_ring::sqe::notify_kind;
+        let kind = match v.arg2 {
+            notify_kind::COMPLETE => Notify::Complete,
+            notify_kind::ABORT => Notify::Abort,
+            notify_kind::SUBSUME => Notify::Subsume,
+            _ => return Some(Cqe::status(v.user_data, Status::BadArgument)),
+        };
+        store.checkpoint_notify(owner, v.arg, kind);
+        return Some(Cqe::status(v.user_data, Status::Ok));
+    }
+    let out = match take_out(ring, &v) {
+        Ok(o) => o,
+        Err((st, out)) => return Some(answer(v.user_data, st, out)),
+    };
+    let (states, meta) = registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .operator_states(job, operator);
+    let tok = pending.insert(Pending {
+        session: sid,
+        user_data: v.user_data,
+        op: v.op,
+        out,
+    });
+    let spec = CheckpointSpec {
+        owner: owner.to_vec(),
+        checkpoint_id: v.arg,
+        lo,
+        hi,
+        states,
+        meta,
+    };
+    match store.checkpoint(tok as u64, spec) {
+        Ok(()) => {
+            *in_flight += 1;
+            None
+        }
+        Err(e) => {
+            let p = pending.remove(tok);
+            Some(completion(ring, &p, Err(e)))
+        }
+    }
 }
 
 /// Room a map page of a `cap`-byte buffer gives its entries: the rest is

@@ -23,6 +23,7 @@ pub mod msg {
     pub const OPEN: u8 = 1;
     pub const REGISTER: u8 = 2;
     pub const CLOSE: u8 = 3;
+    pub const RESTORE: u8 = 4;
     pub const RESPONSE: u8 = 0x80;
 }
 
@@ -44,6 +45,9 @@ pub mod status {
     /// The request came in the wrong order (e.g. `Register` before `Open`).
     pub const STATE: i32 = -7;
     pub const INTERNAL: i32 = -8;
+    /// A restore was refused (unknown, altered or foreign handle, another
+    /// job's checkpoint, overlapping checkpoints); nothing changed.
+    pub const RESTORE_REFUSED: i32 = -9;
 }
 
 /// State kinds on the wire.
@@ -73,7 +77,17 @@ pub enum Request {
     Register { kind: u8, name: String },
     /// Closes the session; the daemon answers, then closes the socket.
     Close,
+    /// Replaces the session's state (its operator's states in its key-group
+    /// range) by what the checkpoints `handles` hold of that range. Send it
+    /// before submitting requests. At most [`MAX_HANDLES`] handles of at
+    /// most [`MAX_HANDLE_LEN`] bytes each.
+    Restore { handles: Vec<Vec<u8>> },
 }
+
+/// Handles one `Restore` may carry.
+pub const MAX_HANDLES: usize = 1024;
+/// Bytes of one handle in a `Restore`.
+pub const MAX_HANDLE_LEN: usize = 256;
 
 /// A response, daemon -> client. `Opened` travels with three fds
 /// (SCM_RIGHTS, in this order): the session memfd, the doorbell the
@@ -91,6 +105,11 @@ pub enum Response {
         state: u32,
     },
     Closed,
+    /// The restore is done: checkpoints used, segment references added.
+    Restored {
+        checkpoints: u32,
+        layers: u32,
+    },
     /// A refusal: `status` < 0 and a human-readable reason.
     Error {
         request: u8,
@@ -218,6 +237,14 @@ impl Request {
                 put_str(out, name);
             }
             Request::Close => out.push(msg::CLOSE),
+            Request::Restore { handles } => {
+                out.push(msg::RESTORE);
+                out.extend_from_slice(&(handles.len() as u16).to_le_bytes());
+                for h in handles {
+                    out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+                    out.extend_from_slice(h);
+                }
+            }
         }
         end_frame(out);
     }
@@ -255,6 +282,21 @@ impl Request {
                 Request::Register { kind, name }
             }
             msg::CLOSE => Request::Close,
+            msg::RESTORE => {
+                let n = r.u16()? as usize;
+                if n > MAX_HANDLES {
+                    return Err(DecodeError::BadString);
+                }
+                let mut handles = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let len = r.u16()? as usize;
+                    if len > MAX_HANDLE_LEN {
+                        return Err(DecodeError::BadString);
+                    }
+                    handles.push(r.take(len)?.to_vec());
+                }
+                Request::Restore { handles }
+            }
             t => return Err(DecodeError::Type(t)),
         };
         r.end()?;
@@ -288,6 +330,15 @@ impl Response {
             Response::Closed => {
                 out.push(msg::CLOSE | msg::RESPONSE);
                 out.extend_from_slice(&status::OK.to_le_bytes());
+            }
+            Response::Restored {
+                checkpoints,
+                layers,
+            } => {
+                out.push(msg::RESTORE | msg::RESPONSE);
+                out.extend_from_slice(&status::OK.to_le_bytes());
+                out.extend_from_slice(&checkpoints.to_le_bytes());
+                out.extend_from_slice(&layers.to_le_bytes());
             }
             Response::Error {
                 request,
@@ -327,6 +378,10 @@ impl Response {
                 },
                 msg::REGISTER => Response::Registered { state: r.u32()? },
                 msg::CLOSE => Response::Closed,
+                msg::RESTORE => Response::Restored {
+                    checkpoints: r.u32()?,
+                    layers: r.u32()?,
+                },
                 _ => return Err(DecodeError::Type(t)),
             }
         };
@@ -367,6 +422,9 @@ mod tests {
                 name: "counts".into(),
             },
             Request::Close,
+            Request::Restore {
+                handles: vec![vec![1; 24], vec![], vec![2; 3]],
+            },
         ];
         let mut buf = Vec::new();
         for q in &reqs {
@@ -388,6 +446,10 @@ mod tests {
             },
             Response::Registered { state: 9 },
             Response::Closed,
+            Response::Restored {
+                checkpoints: 2,
+                layers: 11,
+            },
             Response::Error {
                 request: msg::REGISTER,
                 status: status::CONFLICT,

@@ -11,6 +11,9 @@
 //!   `store/FORMAT.md` (CRC32C per block, block index, bloom filter,
 //!   checksummed footer).
 //! - [`cache`]: the block cache under a byte budget.
+//! - [`manifest`]: checkpoint manifests and handles; [`Store::checkpoint`],
+//!   [`Store::restore`] and [`Store::checkpoint_notify`] make checkpoints
+//!   metadata and restores references (FORMAT.md §10–§12).
 //! - [`io`]: the I/O layer (io_uring, pread/pwrite, fault injection).
 //!
 //! What it must never do: return bytes that failed their checksum, lose a
@@ -28,6 +31,7 @@ pub mod format;
 pub mod hugemem;
 pub mod io;
 pub mod keys;
+pub mod manifest;
 pub mod memtable;
 pub mod ops;
 pub mod segment;
@@ -35,4 +39,7 @@ mod store;
 
 pub use error::StoreError;
 pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
-pub use store::{MAX_VALUE_LEN, MemoryUsage, RecoveryReport, Store, StoreConfig, StoreStats};
+pub use store::{
+    CheckpointSpec, MAX_VALUE_LEN, MemoryUsage, Notify, RecoveryReport, RestoreSpec, Restored,
+    RestoredManifest, Store, StoreConfig, StoreStats,
+};

@@ -21,6 +21,9 @@ pub struct Segment {
     pub index: BlockIndex,
     pub filter: Bloom,
     pub file_len: u64,
+    /// For a segment referenced by a restore: the records that belong to
+    /// the restored state (the rest are invisible). `None`: all of them.
+    pub clip: Option<crate::manifest::Clip>,
 }
 
 impl Segment {
@@ -34,6 +37,20 @@ impl Segment {
     pub fn may_contain(&self, key: &[u8], h: u64) -> bool {
         let kg = crate::keys::key_group(key);
         kg >= self.footer.min_kg && kg <= self.footer.max_kg && self.filter.may_contain(h)
+    }
+
+    /// The file name (what manifests record).
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Whether the clip hides `key`.
+    #[inline]
+    pub fn clipped(&self, key: &[u8]) -> bool {
+        self.clip.as_ref().is_some_and(|c| !c.admits(key))
     }
 
     pub fn order(&self) -> u64 {
@@ -96,6 +113,7 @@ impl Segment {
             index,
             filter,
             file_len,
+            clip: None,
         })
     }
 }
@@ -361,6 +379,7 @@ impl SegmentWriter {
             index: std::mem::take(&mut self.index),
             filter: self.filter.take().expect("finish() built the filter"),
             file_len: self.offset,
+            clip: None,
         }
     }
 }

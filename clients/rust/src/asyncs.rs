@@ -151,6 +151,7 @@ struct Owned {
     value: Vec<u8>,
     capacity: u32,
     arg: u64,
+    arg2: u32,
     flags: u8,
 }
 
@@ -166,6 +167,7 @@ impl From<&Request<'_>> for Owned {
             value: r.value.to_vec(),
             capacity: r.capacity,
             arg: r.arg,
+            arg2: r.arg2,
             flags: r.flags,
         }
     }
@@ -183,6 +185,7 @@ impl Owned {
             value: &self.value,
             capacity: self.capacity,
             arg: self.arg,
+            arg2: self.arg2,
             flags: self.flags,
         }
     }

@@ -18,7 +18,9 @@ mod asyncs;
 mod session;
 
 pub use asyncs::AsyncSession;
-pub use session::{Completion, IterMode, Kind, OpenOptions, Request, Session, ValueWriter};
+pub use session::{
+    Completion, IterMode, Kind, Notify, OpenOptions, Request, Restored, Session, ValueWriter,
+};
 pub use stator_ring::keygroup;
 pub use stator_ring::{Opcode, Status};
 

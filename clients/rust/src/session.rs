@@ -83,6 +83,23 @@ pub enum IterMode {
     Entries,
 }
 
+/// What the engine says about a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notify {
+    Complete,
+    Abort,
+    Subsume,
+}
+
+/// What a restore did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// Checkpoints whose state was used.
+    pub checkpoints: u32,
+    /// Segment references added (no byte is copied).
+    pub layers: u32,
+}
+
 /// One request. Byte slices are copied into shared memory at submit.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
@@ -96,6 +113,8 @@ pub struct Request<'a> {
     /// Result buffer size for reads (0: the session's `read_capacity`).
     pub capacity: u32,
     pub arg: u64,
+    /// Second argument (the kind of a checkpoint notification).
+    pub arg2: u32,
     pub flags: u8,
 }
 
@@ -113,7 +132,36 @@ impl<'a> Request<'a> {
             value: b"",
             capacity: 0,
             arg: 0,
+            arg2: 0,
             flags: 0,
+        }
+    }
+
+    /// A checkpoint barrier with id `checkpoint_id`: it takes effect after
+    /// every request submitted before it, and completes with the
+    /// checkpoint's handle (bytes to keep in the engine's own checkpoint
+    /// metadata; give them to [`Session::restore`]).
+    pub fn checkpoint(checkpoint_id: u64) -> Request<'a> {
+        Request {
+            arg: checkpoint_id,
+            capacity: 256,
+            ..Request::new(Opcode::Checkpoint, 0, 0, b"")
+        }
+    }
+
+    /// Tells the daemon that checkpoint `checkpoint_id` of this operator
+    /// completed, was aborted, or was subsumed: what stays on disk follows
+    /// (completed ones are kept up to the daemon's retention count).
+    pub fn checkpoint_notify(checkpoint_id: u64, kind: Notify) -> Request<'a> {
+        use stator_ring::sqe::notify_kind;
+        Request {
+            arg: checkpoint_id,
+            arg2: match kind {
+                Notify::Complete => notify_kind::COMPLETE,
+                Notify::Abort => notify_kind::ABORT,
+                Notify::Subsume => notify_kind::SUBSUME,
+            },
+            ..Request::new(Opcode::CheckpointNotify, 0, 0, b"")
         }
     }
 
@@ -366,6 +414,36 @@ impl Session {
         }
     }
 
+    /// Replaces this session's state (its operator's states in its
+    /// key-group range) by what the checkpoints `handles` hold of that
+    /// range: the handles of the previous run's subtasks whose ranges
+    /// overlap this one (several after a rescale). Segments are
+    /// referenced, not copied. Call it before submitting requests. A handle
+    /// of another job or operator, or one that was altered or is no longer
+    /// retained, is refused and nothing changes.
+    pub fn restore(&mut self, handles: &[&[u8]]) -> Result<Restored, Error> {
+        self.alive()?;
+        CtlRequest::Restore {
+            handles: handles.iter().map(|h| h.to_vec()).collect(),
+        }
+        .encode(&mut self.frame);
+        if self.frame.len() > control::MAX_FRAME + 4 {
+            return Err(Error::TooLarge);
+        }
+        self.sock.write_all(&self.frame).map_err(Error::gone)?;
+        let mut buf = Vec::new();
+        match read_response(&mut self.sock, &mut buf)? {
+            Response::Restored {
+                checkpoints,
+                layers,
+            } => Ok(Restored {
+                checkpoints,
+                layers,
+            }),
+            other => Err(refused(other)),
+        }
+    }
+
     fn alive(&self) -> Result<(), Error> {
         match &self.dead {
             Some(m) => Err(Error::DaemonGone(m.clone())),
@@ -453,6 +531,7 @@ impl Session {
             key_group: r.key_group,
             state_id: r.state,
             arg: r.arg,
+            arg2: r.arg2,
             ..Sqe::default()
         };
         if let Some(b) = input {

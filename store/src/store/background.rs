@@ -82,6 +82,9 @@ impl<I: Io> Store<I> {
                 }
                 TAG_COMPACT_SYNC => self.compact_synced(c.result),
                 TAG_COMPACT_READ => self.compact_read_done(v, c),
+                TAG_CKPT_WRITE | TAG_CKPT_SYNC | TAG_CKPT_DIR_SYNC => {
+                    self.checkpoint_io_done(t, v as usize, c.result)
+                }
                 TAG_DIR_SYNC => {
                     self.dir_sync_in_flight = false;
                     match c.result {
@@ -128,6 +131,7 @@ impl<I: Io> Store<I> {
         if self.compact.is_some() {
             self.step_compaction();
         }
+        self.step_checkpoints();
         self.reap_retired();
         if !self.kg_deletes.is_empty() && self.flush.is_none() && self.compact.is_none() {
             self.prune_kg_deletes();
@@ -164,7 +168,7 @@ impl<I: Io> Store<I> {
                 let s = self.retired.swap_remove(i);
                 self.cache.forget_segment(s.id);
                 self.io.close(s.file);
-                let _ = std::fs::remove_file(&s.path);
+                self.delete_if_unreferenced(&s.name());
             } else {
                 i += 1;
             }

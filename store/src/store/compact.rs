@@ -225,11 +225,8 @@ impl<I: Io> Store<I> {
                 if decided {
                     continue;
                 }
-                let order = j.inputs[rank].footer.order;
-                if kg_deletes
-                    .iter()
-                    .any(|d| order <= d.max_order && keys::in_key_groups(&key, d.lo, d.hi))
-                {
+                let input = &j.inputs[rank];
+                if input.clipped(&key) || masked_by(&kg_deletes, input.footer.order, &key) {
                     continue;
                 }
                 if let Some((cb, cr)) = &j.clear

@@ -16,13 +16,10 @@ impl<I: Io> Store<I> {
             Ok(w) => w,
             Err(e) => return self.background_failed(e),
         };
-        // Records a key-group delete removed after this memtable froze are
-        // not written.
-        let unsorted: Vec<u64> = mem
-            .live_addrs()
-            .into_iter()
-            .filter(|&a| !self.masked_order(order, mem.key_of(a)))
-            .collect();
+        // Every record is written, even those a mask hides: reads apply
+        // masks by order, and a checkpoint taken before the mask was added
+        // needs them; compaction drops them.
+        let unsorted: Vec<u64> = mem.live_addrs();
         // Nothing older exists: tombstones have nothing to hide.
         let bottom = self.segments.is_empty();
         self.flush = Some(FlushJob {
@@ -106,16 +103,24 @@ impl<I: Io> Store<I> {
             Ok(true) => {}
         }
         let j = self.flush.take().expect("checked above");
+        let order = self.frozen.last().expect("a flush has a frozen memtable").0;
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let seg = Rc::new(j.writer.into_segment(id));
-        self.segments.insert(0, seg);
+        // Newest first by order: a restore can have placed newer layers.
+        let pos = self
+            .segments
+            .iter()
+            .position(|s| s.footer.order < order)
+            .unwrap_or(self.segments.len());
+        self.segments.insert(pos, seg.clone());
         let (_, done) = self
             .frozen
             .pop()
             .expect("the flushed memtable is the oldest frozen one");
         debug_assert!(Rc::ptr_eq(&done, &j.mem));
         self.stats.flushes += 1;
+        self.checkpoint_layer_flushed(&seg);
         self.sync_dir();
         self.stats.last_background_error = None;
         self.rebalance_cache();
@@ -128,6 +133,7 @@ impl<I: Io> Store<I> {
             self.io.close(j.writer.file);
             let _ = std::fs::remove_file(&j.writer.path);
         }
+        self.fail_flush_waiters(&e);
         self.background_failed(e);
     }
 }

@@ -20,12 +20,13 @@ impl<I: Io> Store<I> {
         let mut mem_capped_at: Option<Vec<u8>> = None;
         let mut mem_cleared = false;
         let hb = bloom::hash(&base);
-        let mut masked = false;
         let layers = std::iter::once((u64::MAX, &self.active))
             .chain(self.frozen.iter().map(|(o, m)| (*o, &**m)));
         for (order, m) in layers {
             if order != u64::MAX && self.masked_order(order, &base) {
-                masked = true;
+                // A mask removed this and every older memtable; segments a
+                // restore added since are newer and still count (run_iter
+                // stops at the first masked one).
                 break;
             }
             for (n, k) in m.map_range(&base, Some(&start)).enumerate() {
@@ -45,7 +46,7 @@ impl<I: Io> Store<I> {
                 break;
             }
         }
-        let layers = if mem_cleared || masked {
+        let layers = if mem_cleared {
             Vec::new()
         } else {
             self.segments.clone()
@@ -80,7 +81,11 @@ impl<I: Io> Store<I> {
         let mut cap: Option<Vec<u8>> = it.mem_capped_at.clone();
         let mut need: Option<(Rc<Segment>, u32)> = None;
         'layers: for seg in &it.layers {
-            if self.masked(seg, &it.base) {
+            if seg.clipped(&it.base) {
+                // Not this layer's part of the key space; older ones may hold it.
+                continue;
+            }
+            if self.masked_order(seg.footer.order, &it.base) {
                 break;
             }
             let mut layer: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();

@@ -17,11 +17,14 @@
 //! pending get is not seen by it, and a get submitted after the put sees it.
 
 mod background;
+mod checkpoint;
 mod compact;
 mod flush;
 mod iter;
 mod read;
 mod write;
+
+pub use checkpoint::{CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -37,6 +40,7 @@ use crate::error::StoreError;
 use crate::format::{self, Kind};
 use crate::io::{Io, IoCompletion, OpenMode};
 use crate::keys;
+use crate::manifest::{Clip, Region};
 use crate::memtable::Memtable;
 use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
 use crate::segment::{self, Segment, SegmentWriter};
@@ -62,6 +66,9 @@ pub struct StoreConfig {
     /// An upper bound on the block cache (it otherwise takes whatever the
     /// budget leaves after memtables, indexes and filters).
     pub block_cache_max: Option<usize>,
+    /// Completed checkpoints kept per owner; older ones are deleted when a
+    /// newer one completes (as Flink's `state.checkpoints.num-retained`).
+    pub retained_checkpoints: usize,
 }
 
 impl StoreConfig {
@@ -75,6 +82,7 @@ impl StoreConfig {
             work_per_poll: 2048,
             retry_delay: Duration::from_millis(500),
             block_cache_max: None,
+            retained_checkpoints: 1,
         }
     }
 
@@ -110,6 +118,9 @@ pub struct StoreStats {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub pending_reads: usize,
+    /// Checkpoint manifests retained, and checkpoints in progress.
+    pub checkpoints_retained: usize,
+    pub checkpoints_in_progress: usize,
     /// The last background (flush/compaction) failure, if any.
     pub last_background_error: Option<StoreError>,
 }
@@ -120,8 +131,11 @@ pub struct RecoveryReport {
     pub segments: usize,
     /// Incomplete or corrupt segment files set aside as `*.torn`, with why.
     pub torn: Vec<(PathBuf, String)>,
-    /// Segments superseded by a completed compaction, deleted.
+    /// Segments superseded by a completed compaction: deleted, unless a
+    /// retained checkpoint still names them.
     pub superseded: Vec<PathBuf>,
+    /// Checkpoint manifests found intact (each pins its segments).
+    pub manifests: usize,
 }
 
 const TAG_SHIFT: u32 = 56;
@@ -133,17 +147,27 @@ const TAG_COMPACT_SYNC: u64 = 5;
 const TAG_COMPACT_READ: u64 = 6;
 const TAG_OPEN: u64 = 7;
 const TAG_DIR_SYNC: u64 = 8;
+const TAG_CKPT_WRITE: u64 = 9;
+const TAG_CKPT_SYNC: u64 = 10;
+const TAG_CKPT_DIR_SYNC: u64 = 11;
 
 fn tag(t: u64, v: u64) -> u64 {
     (t << TAG_SHIFT) | v
 }
 
-/// A key-group range deleted from every segment up to `max_order`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Part of the key space removed from every layer up to `max_order`: a
+/// key-group delete (every state) or the state a restore replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct KgDelete {
-    lo: u16,
-    hi: u16,
+    region: Region,
     max_order: u64,
+}
+
+impl KgDelete {
+    #[inline]
+    fn hides(&self, order: u64, key: &[u8]) -> bool {
+        order <= self.max_order && self.region.contains(key)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,6 +311,9 @@ pub struct Store<I: Io> {
     flush: Option<FlushJob>,
     compact: Option<CompactJob>,
     kg_deletes: Vec<KgDelete>,
+    /// Checkpoints: retained manifests, pinned files, checkpoints in
+    /// progress (see `checkpoint.rs`).
+    ckpt: checkpoint::Checkpoints,
     next_order: u64,
     next_segment_id: u64,
     retry_at: Option<Instant>,
@@ -454,7 +481,7 @@ impl<I: Io> Store<I> {
         let mut segs: Vec<Segment> = Vec::new();
         let mut next_id = 1u64;
         for (_, _, path) in found {
-            match Self::open_segment(&mut io, &path, next_id) {
+            match Self::open_segment(&mut io, &path, next_id, &mut Vec::new()) {
                 Ok(s) => {
                     next_id += 1;
                     segs.push(s);
@@ -498,13 +525,21 @@ impl<I: Io> Store<I> {
                 keep.push(i);
             }
         }
+        // Manifests of retained checkpoints pin the segments they name:
+        // those stay on disk even when compaction superseded them.
+        let ckpt = checkpoint::Checkpoints::load(&cfg.dir, &mut report)?;
         let mut live: Vec<Rc<Segment>> = Vec::new();
+        let mut superseded_kept = Vec::new();
         for (i, s) in segs.into_iter().enumerate() {
             if keep.contains(&i) {
                 live.push(Rc::new(s));
             } else {
                 io.close(s.file);
-                let _ = std::fs::remove_file(&s.path);
+                if ckpt.pinned(&s.name()) {
+                    superseded_kept.push(s.footer);
+                } else {
+                    let _ = std::fs::remove_file(&s.path);
+                }
             }
         }
         if !report.torn.is_empty() || !report.superseded.is_empty() {
@@ -513,12 +548,48 @@ impl<I: Io> Store<I> {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| dir_err(e.to_string()))?;
         }
+        let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
+        // Segments a restore references, under the order the restore gave
+        // them; one a completed compaction merged is superseded by it.
+        for imp in imports {
+            // Merged by a completed compaction (the list is rewritten
+            // lazily): the output holds its records, the file may be gone.
+            let merged = live.iter().any(|by| {
+                by.footer.generation > imp.generation
+                    && by.footer.min_order <= imp.order
+                    && imp.order <= by.footer.order
+            });
+            if merged {
+                rewrite = true;
+                continue;
+            }
+            let path = cfg.dir.join(&imp.name);
+            let mut seg =
+                Self::open_segment(&mut io, &path, next_id, &mut Vec::new()).map_err(|e| {
+                    StoreError::Restore(format!(
+                        "{} names {} for a restored state, which cannot be opened: {e}",
+                        LAYERS_FILE, imp.name
+                    ))
+                })?;
+            next_id += 1;
+            seg.footer.order = imp.order;
+            seg.footer.min_order = imp.order;
+            seg.clip = Some(imp.clip);
+            live.push(Rc::new(seg));
+        }
         live.sort_by(|a, b| {
             (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
         });
         report.segments = live.len();
-        let next_order = live.iter().map(|s| s.footer.order + 1).max().unwrap_or(1);
-        let kg_deletes = load_kg_deletes(&cfg.dir)?;
+        let next_order = live
+            .iter()
+            .map(|s| s.footer.order + 1)
+            .chain(superseded_kept.iter().map(|f| f.order + 1))
+            .max()
+            .unwrap_or(1);
+        if rewrite {
+            save_layers(&cfg.dir, &kg_deletes, &live)?;
+        }
         // New layers must be newer than every recorded key-group delete,
         // even if the layers it was recorded against were never flushed.
         let next_order = next_order.max(
@@ -549,6 +620,7 @@ impl<I: Io> Store<I> {
             flush: None,
             compact: None,
             kg_deletes,
+            ckpt,
             next_order,
             next_segment_id: next_id,
             retry_at: None,
@@ -566,7 +638,14 @@ impl<I: Io> Store<I> {
     }
 
     /// Reads a segment's footer and meta region (at open; waits for the I/O).
-    pub(super) fn open_segment(io: &mut I, path: &Path, id: u64) -> Result<Segment, StoreError> {
+    /// Other operations that complete meanwhile are appended to `others`
+    /// (the store's own completions, when the store is running).
+    pub(super) fn open_segment(
+        io: &mut I,
+        path: &Path,
+        id: u64,
+        others: &mut Vec<IoCompletion>,
+    ) -> Result<Segment, StoreError> {
         let file = io
             .open(path, OpenMode::Read)
             .map_err(|e| StoreError::io(path, "open", &e))?;
@@ -579,7 +658,7 @@ impl<I: Io> Store<I> {
                 offset: len,
                 what: "file length is not a whole number of pages (torn)",
             })?;
-            let fbuf = read_sync(io, file, page, ALIGN, path)?;
+            let fbuf = read_sync(io, file, page, ALIGN, path, others)?;
             let footer = format::Footer::decode(&fbuf, len).map_err(|m| StoreError::Corrupt {
                 path: path.display().to_string(),
                 offset: page,
@@ -587,7 +666,7 @@ impl<I: Io> Store<I> {
             })?;
             let meta_off = footer.filter_off / ALIGN as u64 * ALIGN as u64;
             let meta_len = (page - meta_off) as usize;
-            let meta = read_sync(io, file, meta_off, meta_len, path)?;
+            let meta = read_sync(io, file, meta_off, meta_len, path, others)?;
             Segment::from_parts(id, path.to_path_buf(), file, len, &fbuf, &meta, meta_off)
         })();
         if r.is_err() {
@@ -634,12 +713,13 @@ impl<I: Io> Store<I> {
         s.cache_hits = self.cache.hits;
         s.cache_misses = self.cache.misses;
         s.pending_reads = self.reads.len() + self.iters.len();
+        (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
         s
     }
 
     /// Operations submitted and not yet delivered.
     pub fn pending(&self) -> usize {
-        self.reads.len() + self.iters.len() + self.done.len()
+        self.reads.len() + self.iters.len() + self.done.len() + self.ckpt.counts().1
     }
 
     /// Whether background work (flush, compaction, deferred deletes) is
@@ -669,15 +749,9 @@ impl<I: Io> Store<I> {
             .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
     }
 
-    pub(super) fn masked(&self, seg: &Segment, key: &[u8]) -> bool {
-        self.masked_order(seg.footer.order, key)
-    }
-
     /// Whether a key-group delete removed `key` from a layer of `order`.
     pub(super) fn masked_order(&self, order: u64, key: &[u8]) -> bool {
-        self.kg_deletes
-            .iter()
-            .any(|d| order <= d.max_order && keys::in_key_groups(key, d.lo, d.hi))
+        masked_by(&self.kg_deletes, order, key)
     }
 }
 
@@ -692,6 +766,11 @@ impl BlockCache {
 /// on average (growing the index rehashes it, a stall on the write path),
 /// capped at 4 M entries (64 MiB of slots) beyond which it doubles as it
 /// fills.
+/// Whether a mask hides `key` in a layer of `order`.
+fn masked_by(masks: &[KgDelete], order: u64, key: &[u8]) -> bool {
+    masks.iter().any(|d| d.hides(order, key))
+}
+
 fn initial_entries(cfg: &StoreConfig) -> usize {
     (cfg.memtable_bytes() / 256).min(1 << 22)
 }
@@ -728,13 +807,15 @@ fn resolved_output(r: &Resolved) -> Output<'_> {
     }
 }
 
-/// Reads `len` bytes at `off` and waits for them (used at open only).
+/// Reads `len` bytes at `off` and waits for them (at open, and for a
+/// restore's segment footers); other completions go to `others`.
 fn read_sync<I: Io>(
     io: &mut I,
     file: u32,
     off: u64,
     len: usize,
     path: &Path,
+    others: &mut Vec<IoCompletion>,
 ) -> Result<AlignedBuf, StoreError> {
     io.read(file, off, AlignedBuf::zeroed(len), tag(TAG_OPEN, 0));
     io.submit()
@@ -744,6 +825,7 @@ fn read_sync<I: Io>(
         io.reap(&mut out);
         if let Some(i) = out.iter().position(|c| c.token == tag(TAG_OPEN, 0)) {
             let c = out.swap_remove(i);
+            others.append(&mut out);
             return match (c.result, c.buf) {
                 (Ok(n), Some(b)) if n == len => Ok(b),
                 (Ok(_), _) => Err(StoreError::Corrupt {
@@ -759,7 +841,136 @@ fn read_sync<I: Io>(
     }
 }
 
+/// Version 1's list of key-group deletes, read once and replaced by
+/// [`LAYERS_FILE`] (FORMAT.md §10).
 const KGDEL_FILE: &str = "KGDELETES";
+/// Masks (key-group deletes, restored regions) and the segments restores
+/// reference (FORMAT.md §10).
+const LAYERS_FILE: &str = "LAYERS";
+const LAYERS_MAGIC: [u8; 8] = *b"STLAYERS";
+const LAYERS_VERSION: u16 = 1;
+
+/// A segment a restore references, as `LAYERS` records it.
+struct ImportRec {
+    name: String,
+    order: u64,
+    generation: u32,
+    clip: Clip,
+}
+
+/// Masks, imports, and whether the file must be rewritten (it was the
+/// version-1 `KGDELETES`).
+fn load_layers(dir: &Path) -> Result<(Vec<KgDelete>, Vec<ImportRec>, bool), StoreError> {
+    let path = dir.join(LAYERS_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let old = load_kg_deletes(dir)?;
+            let legacy = !old.is_empty();
+            return Ok((old, Vec::new(), legacy));
+        }
+        Err(e) => return Err(StoreError::io(&path, "read", &e)),
+    };
+    let bad = |what| StoreError::Corrupt {
+        path: path.display().to_string(),
+        offset: 0,
+        what,
+    };
+    if bytes.len() < 20 || bytes[..8] != LAYERS_MAGIC {
+        return Err(bad("layer list has a bad magic"));
+    }
+    if u16::from_le_bytes([bytes[8], bytes[9]]) != LAYERS_VERSION {
+        return Err(bad(format::UNSUPPORTED_VERSION));
+    }
+    let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
+    if body_len < 16 || body_len + 4 != bytes.len() {
+        return Err(bad("layer list length mismatch"));
+    }
+    if crc32c::crc32c(&bytes[..body_len])
+        != u32::from_le_bytes(bytes[body_len..].try_into().expect("4"))
+    {
+        return Err(bad("layer list checksum mismatch"));
+    }
+    let parse = || -> Result<(Vec<KgDelete>, Vec<ImportRec>), crate::manifest::Malformed> {
+        let mut r = crate::manifest::R(&bytes[16..body_len]);
+        let n = r.u32()?;
+        let mut masks = Vec::new();
+        for _ in 0..n {
+            let max_order = r.u64()?;
+            let region = crate::manifest::decode_region(&mut r)?;
+            masks.push(KgDelete { region, max_order });
+        }
+        let n = r.u32()?;
+        let mut imports = Vec::new();
+        for _ in 0..n {
+            let nl = r.u16()? as usize;
+            let name: Vec<u8> = (0..nl).map(|_| r.u8()).collect::<Result<_, _>>()?;
+            let name = String::from_utf8(name)
+                .ok()
+                .filter(|n| segment::parse_file_name(n).is_some())
+                .ok_or(crate::manifest::Malformed("import names no segment file"))?;
+            let order = r.u64()?;
+            let generation = r.u32()?;
+            let clip = crate::manifest::decode_clip(&mut r)?;
+            imports.push(ImportRec {
+                name,
+                order,
+                generation,
+                clip,
+            });
+        }
+        if !r.0.is_empty() {
+            return Err(crate::manifest::Malformed("bytes after the last import"));
+        }
+        Ok((masks, imports))
+    };
+    let (masks, imports) = parse().map_err(|m| bad(m.0))?;
+    Ok((masks, imports, false))
+}
+
+/// Persists the masks and the restored layers among `layers`: written to a
+/// temporary file, synced, renamed over the old list (rare: key-group
+/// deletes and restores, never the request path).
+fn save_layers(dir: &Path, masks: &[KgDelete], layers: &[Rc<Segment>]) -> Result<(), StoreError> {
+    use std::io::Write;
+    let path = dir.join(LAYERS_FILE);
+    let tmp = dir.join(format!("{LAYERS_FILE}.tmp"));
+    let mut body = Vec::new();
+    body.extend_from_slice(&LAYERS_MAGIC);
+    body.extend_from_slice(&LAYERS_VERSION.to_le_bytes());
+    body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    body.extend_from_slice(&(masks.len() as u32).to_le_bytes());
+    for d in masks {
+        body.extend_from_slice(&d.max_order.to_le_bytes());
+        crate::manifest::encode_region(&mut body, &d.region);
+    }
+    let imports: Vec<&Rc<Segment>> = layers.iter().filter(|s| s.clip.is_some()).collect();
+    body.extend_from_slice(&(imports.len() as u32).to_le_bytes());
+    for s in imports {
+        let name = s.name();
+        body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        body.extend_from_slice(name.as_bytes());
+        body.extend_from_slice(&s.footer.order.to_le_bytes());
+        body.extend_from_slice(&s.footer.generation.to_le_bytes());
+        crate::manifest::encode_clip(&mut body, s.clip.as_ref().expect("filtered"));
+    }
+    let body_len = body.len() as u32;
+    body[12..16].copy_from_slice(&body_len.to_le_bytes());
+    let crc = crc32c::crc32c(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    let r = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        match std::fs::remove_file(dir.join(KGDEL_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    r.map_err(|e| StoreError::io(&path, "write", &e))
+}
 
 fn load_kg_deletes(dir: &Path) -> Result<Vec<KgDelete>, StoreError> {
     let path = dir.join(KGDEL_FILE);
@@ -787,34 +998,12 @@ fn load_kg_deletes(dir: &Path) -> Result<Vec<KgDelete>, StoreError> {
     Ok(body[4..]
         .chunks_exact(12)
         .map(|c| KgDelete {
-            lo: u16::from_le_bytes([c[0], c[1]]),
-            hi: u16::from_le_bytes([c[2], c[3]]),
+            region: Region {
+                lo: u16::from_le_bytes([c[0], c[1]]),
+                hi: u16::from_le_bytes([c[2], c[3]]),
+                states: None,
+            },
             max_order: u64::from_le_bytes(c[4..12].try_into().expect("8")),
         })
         .collect())
-}
-
-/// Persists the key-group deletes: written to a temporary file, synced,
-/// renamed over the old list (a rare operation: rescale).
-fn save_kg_deletes(dir: &Path, list: &[KgDelete]) -> Result<(), StoreError> {
-    use std::io::Write;
-    let path = dir.join(KGDEL_FILE);
-    let tmp = dir.join(format!("{KGDEL_FILE}.tmp"));
-    let mut body = Vec::new();
-    body.extend_from_slice(&(list.len() as u32).to_le_bytes());
-    for d in list {
-        body.extend_from_slice(&d.lo.to_le_bytes());
-        body.extend_from_slice(&d.hi.to_le_bytes());
-        body.extend_from_slice(&d.max_order.to_le_bytes());
-    }
-    let crc = crc32c::crc32c(&body);
-    body.extend_from_slice(&crc.to_le_bytes());
-    let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    r.map_err(|e| StoreError::io(&path, "write", &e))
 }

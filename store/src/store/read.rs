@@ -230,8 +230,10 @@ impl<I: Io> Store<I> {
             .chain(self.frozen.iter().map(|(o, m)| (*o, &**m)));
         for (li, (order, mem)) in layers.enumerate() {
             if order != u64::MAX && self.masked_order(order, key) {
-                // A key-group delete removed this and every older layer.
-                return Some(Immediate::Resolved(finish_operands(kind, operands)));
+                // A mask removed this and every older memtable. Segments a
+                // restore added since are newer, so the segments decide
+                // (the first masked one ends the read).
+                return None;
             }
             if let Some(addr) = mem.lookup_addr(key, h) {
                 let rec = mem.record(addr);
@@ -288,8 +290,14 @@ impl<I: Io> Store<I> {
     /// or needs a block that is not in memory.
     pub(super) fn advance(&mut self, r: &mut PendingRead) -> Step {
         while let Some(seg) = r.layers.last().cloned() {
-            if self.masked(&seg, &r.key) {
-                // A key-group delete removed this and every older layer.
+            if seg.clipped(&r.key) {
+                // Not this layer's part of the key space; older ones may hold it.
+                r.layers.pop();
+                r.stage = 0;
+                continue;
+            }
+            if self.masked_order(seg.footer.order, &r.key) {
+                // A mask removed this and every older layer.
                 return Step::Done(finish_operands(r.kind, &r.operands));
             }
             let (probe_len, ph) = if r.stage == 0 {

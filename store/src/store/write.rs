@@ -93,12 +93,25 @@ impl<I: Io> Store<I> {
         // changes, so a failure leaves the store as it was. Then the active
         // memtable drops its records.
         let max_order = self.next_order - 1;
-        self.kg_deletes.push(KgDelete { lo, hi, max_order });
-        if let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes) {
+        self.push_mask(KgDelete {
+            region: Region {
+                lo,
+                hi,
+                states: None,
+            },
+            max_order,
+        })?;
+        self.active.delete_key_groups(lo, hi);
+        Ok(())
+    }
+
+    /// Adds a mask and makes it durable; on failure the store is as it was.
+    pub(super) fn push_mask(&mut self, m: KgDelete) -> Result<(), StoreError> {
+        self.kg_deletes.push(m);
+        if let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments) {
             self.kg_deletes.pop();
             return Err(e);
         }
-        self.active.delete_key_groups(lo, hi);
         Ok(())
     }
 
@@ -110,12 +123,13 @@ impl<I: Io> Store<I> {
             .map(|s| s.footer.order)
             .chain(self.frozen.iter().map(|(o, _)| *o))
             .chain(self.retired.iter().map(|s| s.footer.order))
+            .chain(self.awaiting_dir_sync.iter().map(|s| s.footer.order))
             .min()
             .unwrap_or(u64::MAX);
         let before = self.kg_deletes.len();
         self.kg_deletes.retain(|d| d.max_order >= oldest);
         if self.kg_deletes.len() != before
-            && let Err(e) = save_kg_deletes(&self.cfg.dir, &self.kg_deletes)
+            && let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments)
         {
             self.stats.last_background_error = Some(e);
         }
@@ -131,10 +145,19 @@ impl<I: Io> Store<I> {
     }
 
     pub(super) fn freeze(&mut self) {
-        let entries = initial_entries(&self.cfg);
         if self.active.is_empty() {
             return;
         }
+        // A memtable frozen before it filled (a checkpoint, a restore) says
+        // how many keys arrive between two of them: the next index starts
+        // at twice that, not at the size a full memtable needs, so frequent
+        // checkpoints do not allocate and zero a large index each time.
+        let full = initial_entries(&self.cfg);
+        let entries = if self.active.log_bytes() >= self.cfg.memtable_bytes() {
+            full
+        } else {
+            (self.active.len() * 2).max(1 << 14).min(full)
+        };
         let m = std::mem::replace(&mut self.active, Memtable::new(entries));
         let (addr, len) = self.active.index_range();
         self.io.prefault(addr, len);

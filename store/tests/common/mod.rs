@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use stator_store::io::Io;
-use stator_store::{Op, Output, Store, StoreError, Submitted};
+use stator_store::{CheckpointSpec, Op, Output, Store, StoreError, Submitted};
 
 /// An output copied out of the store.
 #[derive(Debug, PartialEq, Eq, Clone)]
@@ -67,4 +67,30 @@ pub fn settle_fully<I: Io>(s: &mut Store<I>) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
+}
+
+/// Takes a checkpoint and waits for its handle.
+pub fn checkpoint<I: Io>(s: &mut Store<I>, spec: CheckpointSpec) -> Result<Vec<u8>, StoreError> {
+    const TOKEN: u64 = 0xc0ffee;
+    s.checkpoint(TOKEN, spec)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut got = None;
+    while got.is_none() {
+        s.poll(|t, r| {
+            if t == TOKEN {
+                got = Some(r.map(|o| match Owned::from(o) {
+                    Owned::Value(Some(h)) => h,
+                    o => panic!("a checkpoint completed with {o:?}"),
+                }));
+            }
+        });
+        assert!(
+            std::time::Instant::now() < deadline,
+            "checkpoint never completed"
+        );
+        if got.is_none() {
+            s.wait(Some(Duration::from_millis(5))).unwrap();
+        }
+    }
+    got.unwrap()
 }

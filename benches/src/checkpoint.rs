@@ -1,0 +1,310 @@
+//! `stator-bench checkpoint`: checkpoints are metadata, restores are
+//! references. For each state size (default 100 MiB, 1 GiB, 4 GiB of
+//! 16-byte keys and 100-byte values) the same amount is written between
+//! checkpoints; the synchronous part (what the session waits for) and the
+//! total (until the handle is durable) are timed per checkpoint. Then
+//! restore (1 -> 1) and rescale (1 -> 4, 4 -> 1) are timed. All of them
+//! should be flat in state size. The store runs over io_uring with
+//! O_DIRECT, one thread, a 256 MiB memory budget.
+//!
+//! The RocksDB peer (cargo feature `rocksdb`) checkpoints the same state
+//! the way an incremental snapshot does: `create_checkpoint` (hard links
+//! plus a flush) and a copy of the files the previous checkpoint did not
+//! have; its restore copies the checkpoint back and opens it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use stator_store::io::UringIo;
+use stator_store::{CheckpointSpec, Notify, Op, RestoreSpec, Store, StoreConfig};
+
+use crate::report::{Bound, Case, Reporter, histogram};
+use crate::store::{PUT_BATCH, Rng, bench_dir, skey, value};
+
+const SUITE: &str = "checkpoint";
+const OWNER: &[u8] = b"bench\0op";
+const KGS: u16 = 128;
+const VALUE: usize = 100;
+/// Bytes a record takes in a segment (key, value, headers), for sizing.
+const RECORD: u64 = 16 + VALUE as u64 + 8;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct CheckpointArgs {
+    /// Finish in about a minute (smaller states, fewer rounds).
+    #[arg(long)]
+    pub quick: bool,
+    /// One JSON object per case on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// State sizes, MiB (default 100,1024,4096; quick 16,64,256).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<u64>>,
+    /// MiB written between two checkpoints (default 16; quick 4).
+    #[arg(long)]
+    pub write_mib: Option<u64>,
+    /// Checkpoints per size (default 20; quick 8).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Directory for data files (default: a temporary directory under ./target).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+}
+
+pub fn run(args: CheckpointArgs) {
+    let q = args.quick;
+    let sizes = args.sizes.clone().unwrap_or(if q {
+        vec![16, 64, 256]
+    } else {
+        vec![100, 1024, 4096]
+    });
+    let write_mib = args.write_mib.unwrap_or(if q { 4 } else { 16 });
+    let rounds = args.rounds.unwrap_or(if q { 8 } else { 20 });
+    let mut r = Reporter::new(args.json);
+    r.machine(
+        SUITE,
+        json!({"quick": q, "sizes_mib": sizes, "write_mib_between": write_mib, "rounds": rounds,
+               "key_bytes": 16, "value_bytes": VALUE, "budget_mib": 256, "io": "io_uring, O_DIRECT",
+               "threads": 1, "rocksdb": cfg!(feature = "rocksdb")}),
+    );
+    let mut flat: Vec<(u64, [u64; 5])> = Vec::new();
+    for &mib in &sizes {
+        let p50 = stator_size(&args, &mut r, mib, write_mib, rounds);
+        #[cfg(feature = "rocksdb")]
+        crate::rocks::checkpoint_peer(&args, &mut r, mib, write_mib, rounds.min(8));
+        flat.push((mib, p50));
+    }
+    // Flat in state size: the largest size's median over the smallest's.
+    if let (Some((a, first)), Some((b, last))) = (flat.first(), flat.last())
+        && a != b
+    {
+        for (i, what) in ["sync", "total", "restore", "rescale 1->4", "rescale 4->1"]
+            .iter()
+            .enumerate()
+        {
+            let ratio = last[i] as f64 / first[i].max(1) as f64;
+            r.note(
+                SUITE,
+                &format!("{what} p50 at {b} MiB / at {a} MiB"),
+                ratio,
+                Bound::None,
+            );
+        }
+        r.note(
+            SUITE,
+            &format!("sync p50 ms at {b} MiB"),
+            last[0] as f64 / 1e6,
+            Bound::AtMost(5.0),
+        );
+    }
+}
+
+fn spec(id: u64, lo: u16, hi: u16) -> CheckpointSpec {
+    CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo,
+        hi,
+        states: vec![1],
+        meta: Vec::new(),
+    }
+}
+
+/// Runs `store` until `token` completes; its handle.
+fn wait_for(s: &mut Store<UringIo>, token: u64) -> Vec<u8> {
+    let mut got = None;
+    while got.is_none() {
+        s.poll(|t, res| {
+            if t == token {
+                got = Some(match res {
+                    Ok(stator_store::Output::Value(Some(h))) => h.to_vec(),
+                    other => panic!("checkpoint failed: {other:?}"),
+                });
+            }
+        });
+        if got.is_none() {
+            let _ = s.wait(Some(Duration::from_millis(1)));
+        }
+    }
+    got.expect("set above")
+}
+
+/// `n` puts of random keys below `keys`, batched.
+fn write(s: &mut Store<UringIo>, rng: &mut Rng, keys: u64, n: u64, round: u64) {
+    let tokens: Vec<u64> = (0..PUT_BATCH as u64).collect();
+    let mut kbs = vec![[0u8; 8]; PUT_BATCH];
+    let v = value(round, VALUE);
+    let mut done = 0;
+    while done < n {
+        let m = PUT_BATCH.min((n - done) as usize);
+        let ids: Vec<u64> = (0..m).map(|_| rng.below(keys)).collect();
+        let ops: Vec<Op<'_>> = ids
+            .iter()
+            .zip(kbs.iter_mut())
+            .map(|(&i, kb)| Op::Put(skey(i, kb), &v))
+            .collect();
+        s.submit_batch(&tokens[..m], &ops, |_, r| {
+            r.expect("put");
+        });
+        // Background work (flushes, compaction) keeps pace with the writes.
+        s.poll(|_, _| {});
+        done += m as u64;
+    }
+}
+
+fn settle(s: &mut Store<UringIo>) {
+    while s.busy() {
+        s.settle();
+        if s.busy() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// One state size: load, then `rounds` of (write, checkpoint), then
+/// restores. Returns p50 ns of sync, total, restore, 1->4, 4->1.
+fn stator_size(
+    args: &CheckpointArgs,
+    r: &mut Reporter,
+    mib: u64,
+    write_mib: u64,
+    rounds: usize,
+) -> [u64; 5] {
+    let dir = bench_dir(
+        &crate::store::StoreArgs {
+            quick: args.quick,
+            json: args.json,
+            keys: None,
+            big_keys: None,
+            big_budget_mib: None,
+            seconds: None,
+            no_big: true,
+            no_memory: true,
+            dir: args.dir.clone(),
+            reuse: None,
+        },
+        "ckpt-",
+    );
+    let cfg = StoreConfig::new(dir.path(), 256 << 20);
+    let (mut s, _) = Store::open(cfg, UringIo::new(4096, true).expect("io_uring")).expect("open");
+    let keys = (mib << 20) / RECORD;
+    let t = Instant::now();
+    let tokens: Vec<u64> = (0..PUT_BATCH as u64).collect();
+    let v = value(0, VALUE);
+    let mut kbs = vec![[0u8; 8]; PUT_BATCH];
+    let mut i = 0;
+    while i < keys {
+        let m = PUT_BATCH.min((keys - i) as usize);
+        let ops: Vec<Op<'_>> = (i..i + m as u64)
+            .zip(kbs.iter_mut())
+            .map(|(k, kb)| Op::Put(skey(k, kb), &v))
+            .collect();
+        s.submit_batch(&tokens[..m], &ops, |_, r| {
+            r.expect("put");
+        });
+        s.poll(|_, _| {});
+        i += m as u64;
+    }
+    s.flush();
+    settle(&mut s);
+    let load = t.elapsed();
+    let st = s.stats();
+    r.case(
+        &Case::new(SUITE, format!("load/{mib}MiB"), keys, load)
+            .with("segments", st.segments)
+            .with("segment_mib", st.segment_bytes >> 20),
+    );
+    let mut rng = Rng(0x5eed ^ mib);
+    let per_round = (write_mib << 20) / RECORD;
+    let (mut sync_h, mut total_h) = (histogram(), histogram());
+    let (mut sync_spent, mut total_spent) = (Duration::ZERO, Duration::ZERO);
+    let mut handle = Vec::new();
+    for round in 1..=rounds as u64 {
+        write(&mut s, &mut rng, keys, per_round, round);
+        let t0 = Instant::now();
+        s.checkpoint(round, spec(round, 0, KGS - 1))
+            .expect("checkpoint");
+        let sync = t0.elapsed();
+        handle = wait_for(&mut s, round);
+        let total = t0.elapsed();
+        s.checkpoint_notify(OWNER, round, Notify::Complete);
+        sync_spent += sync;
+        total_spent += total;
+        sync_h.record(sync.as_nanos() as u64).expect("in range");
+        total_h.record(total.as_nanos() as u64).expect("in range");
+    }
+    let st = s.stats();
+    let sync = Case::new(SUITE, format!("sync/{mib}MiB"), rounds as u64, sync_spent)
+        .latency(sync_h)
+        .with("write_mib_between", write_mib);
+    let total = Case::new(SUITE, format!("total/{mib}MiB"), rounds as u64, total_spent)
+        .latency(total_h)
+        .with("segments", st.segments)
+        .with("retained", st.checkpoints_retained);
+    r.case(&sync);
+    r.case(&total);
+
+    // Restores: 1 -> 1, 1 -> 4 (four ranges from the one handle), 4 -> 1.
+    let reps = 5;
+    let quarter = KGS / 4;
+    let (mut restore_h, mut out_h, mut in_h) = (histogram(), histogram(), histogram());
+    let restore = |s: &mut Store<UringIo>, lo: u16, hi: u16, hs: &[&[u8]]| {
+        let spec = RestoreSpec {
+            owner: OWNER,
+            lo,
+            hi,
+            states: &[1],
+        };
+        s.restore(spec, hs).expect("restore");
+    };
+    let mut id = rounds as u64;
+    let mut spent = [Duration::ZERO; 3];
+    let mut timed = |h: &mut hdrhistogram::Histogram<u64>, i: usize, t0: Instant| {
+        let d = t0.elapsed();
+        spent[i] += d;
+        h.record(d.as_nanos() as u64).expect("in range");
+    };
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        restore(&mut s, 0, KGS - 1, &[&handle]);
+        timed(&mut restore_h, 0, t0);
+        let t0 = Instant::now();
+        for q in 0..4 {
+            restore(&mut s, q * quarter, (q + 1) * quarter - 1, &[&handle]);
+        }
+        timed(&mut out_h, 1, t0);
+        // Four subtasks checkpoint; one restores from all four.
+        id += 1;
+        let mut four = Vec::new();
+        for q in 0..4 {
+            let tok = 1000 + q as u64;
+            s.checkpoint(tok, spec(id, q * quarter, (q + 1) * quarter - 1))
+                .expect("checkpoint");
+            four.push(wait_for(&mut s, tok));
+        }
+        let refs: Vec<&[u8]> = four.iter().map(|h| h.as_slice()).collect();
+        let t0 = Instant::now();
+        restore(&mut s, 0, KGS - 1, &refs);
+        timed(&mut in_h, 2, t0);
+        // The next repetition starts from a checkpoint of the whole range.
+        id += 1;
+        s.checkpoint(2000, spec(id, 0, KGS - 1))
+            .expect("checkpoint");
+        handle = wait_for(&mut s, 2000);
+        s.checkpoint_notify(OWNER, id, Notify::Complete);
+    }
+    let cases = [
+        Case::new(SUITE, format!("restore/{mib}MiB"), reps, spent[0]).latency(restore_h),
+        Case::new(SUITE, format!("rescale-1to4/{mib}MiB"), reps, spent[1]).latency(out_h),
+        Case::new(SUITE, format!("rescale-4to1/{mib}MiB"), reps, spent[2]).latency(in_h),
+    ];
+    for c in &cases {
+        r.case(c);
+    }
+    [
+        sync.p(0.5).unwrap_or(0),
+        total.p(0.5).unwrap_or(0),
+        cases[0].p(0.5).unwrap_or(0),
+        cases[1].p(0.5).unwrap_or(0),
+        cases[2].p(0.5).unwrap_or(0),
+    ]
+}

@@ -1,0 +1,728 @@
+//! Checkpoints are metadata, restores are references.
+//!
+//! A checkpoint has a synchronous part (`Store::checkpoint`: freeze the
+//! memtable, pin the segments that hold the owner's key groups; flat in
+//! state size) and an asynchronous part driven by `poll` (wait for the
+//! frozen memtables to be flushed, write the manifest, fsync it and the
+//! directory) whose cost grows with what was written since the previous
+//! checkpoint. It completes with a [`Handle`](crate::manifest::Handle).
+//!
+//! A segment file is deleted only when no live layer and no retained or
+//! in-progress checkpoint names it: manifests pin their files, and
+//! notifications (complete, abort, subsume) and the retention count decide
+//! which manifests stay.
+//!
+//! A restore masks the owner's states in the session's key groups in every
+//! existing layer, then adds the manifests' segments as new layers, each
+//! clipped to what the checkpoint held of that range. Nothing is copied;
+//! compaction later rewrites only the clipped-in records.
+
+use super::*;
+use crate::manifest::{self, Handle, LayerRef, Manifest, intersect, state_set};
+
+/// What to checkpoint.
+#[derive(Clone, Debug)]
+pub struct CheckpointSpec {
+    /// Whose state (the daemon: job and operator). Restores must match it.
+    pub owner: Vec<u8>,
+    pub checkpoint_id: u64,
+    /// Key groups `lo..=hi`.
+    pub lo: u16,
+    pub hi: u16,
+    /// The owner's state ids.
+    pub states: Vec<u32>,
+    /// Kept in the manifest, returned by a restore (opaque to the store).
+    pub meta: Vec<u8>,
+}
+
+/// What to restore into.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreSpec<'a> {
+    pub owner: &'a [u8],
+    pub lo: u16,
+    pub hi: u16,
+    /// Every state id of the owner now: their records in `lo..=hi` are
+    /// replaced by the checkpointed ones.
+    pub states: &'a [u32],
+}
+
+/// A manifest a restore used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoredManifest {
+    pub checkpoint_id: u64,
+    pub lo: u16,
+    pub hi: u16,
+    pub states: Vec<u32>,
+    pub meta: Vec<u8>,
+}
+
+/// What a restore did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub manifests: Vec<RestoredManifest>,
+    /// Segment references added (no byte copied).
+    pub layers: usize,
+}
+
+/// A checkpoint notification from the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notify {
+    Complete,
+    Abort,
+    Subsume,
+}
+
+/// A retained manifest.
+struct Retained {
+    owner: Vec<u8>,
+    checkpoint_id: u64,
+    crc: u32,
+    files: Vec<String>,
+    /// Completed (the engine said so; remembered in a marker file).
+    completed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for frozen memtables to become segments.
+    Flushing,
+    Writing,
+    Syncing,
+    DirSync,
+}
+
+/// A checkpoint between its synchronous part and its completion.
+struct Pending {
+    token: u64,
+    manifest: Manifest,
+    /// Captured layers (pinned), with their orders.
+    layers: Vec<(u64, LayerRef)>,
+    /// Frozen memtables still to be flushed: their orders and clips.
+    waiting: Vec<(u64, Clip)>,
+    phase: Phase,
+    file: Option<crate::io::FileId>,
+    handle: [u8; manifest::HANDLE_LEN],
+    crc: u32,
+}
+
+/// The store's checkpoint state.
+#[derive(Default)]
+pub(super) struct Checkpoints {
+    retained: BTreeMap<u64, Retained>,
+    /// Segment file name -> retained and in-progress checkpoints naming it.
+    pins: HashMap<String, u32>,
+    next_seq: u64,
+    pending: Slab<Pending>,
+}
+
+impl Checkpoints {
+    /// Reads every manifest in `dir`; a torn or corrupt one (never
+    /// acknowledged: a handle is returned only after its fsync) is set
+    /// aside as `*.torn` and reported.
+    pub(super) fn load(dir: &Path, report: &mut RecoveryReport) -> Result<Checkpoints, StoreError> {
+        let mut c = Checkpoints {
+            next_seq: 1,
+            ..Default::default()
+        };
+        let dir_err = |e: std::io::Error| StoreError::Dir {
+            path: dir.display().to_string(),
+            msg: e.to_string(),
+        };
+        for e in std::fs::read_dir(dir).map_err(dir_err)? {
+            let e = e.map_err(dir_err)?;
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(seq) = manifest::parse_file_name(&name) else {
+                continue;
+            };
+            let path = e.path();
+            let bytes = std::fs::read(&path).map_err(|e| StoreError::io(&path, "read", &e))?;
+            match Manifest::decode(&bytes) {
+                Ok((m, crc)) if m.seq == seq => {
+                    c.next_seq = c.next_seq.max(seq + 1);
+                    c.add(
+                        seq,
+                        Retained {
+                            owner: m.owner,
+                            checkpoint_id: m.checkpoint_id,
+                            crc,
+                            files: m.layers.into_iter().map(|l| l.name).collect(),
+                            completed: dir.join(manifest::completed_name(seq)).exists(),
+                        },
+                    );
+                }
+                r => {
+                    let why = match r {
+                        Err(m) => m.0,
+                        Ok(_) => "manifest number differs from its file name",
+                    };
+                    let torn = path.with_extension("manifest.torn");
+                    let _ = std::fs::rename(&path, &torn);
+                    report.torn.push((torn, why.to_string()));
+                }
+            }
+        }
+        // A marker whose manifest is gone (a crash between the two
+        // deletes) must not mark a later manifest of that number.
+        for e in std::fs::read_dir(dir).map_err(dir_err)?.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if let Some(seq) = name
+                .strip_suffix(".complete")
+                .and_then(|n| manifest::parse_file_name(&format!("{n}.manifest")))
+                && !c.retained.contains_key(&seq)
+            {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        report.manifests = c.retained.len();
+        Ok(c)
+    }
+
+    fn add(&mut self, seq: u64, r: Retained) {
+        for f in &r.files {
+            *self.pins.entry(f.clone()).or_default() += 1;
+        }
+        self.retained.insert(seq, r);
+    }
+
+    /// Whether a retained or in-progress checkpoint names `file`.
+    pub(super) fn pinned(&self, file: &str) -> bool {
+        self.pins.contains_key(file)
+    }
+
+    /// Retained manifests and checkpoints in progress.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (self.retained.len(), self.pending.len())
+    }
+}
+
+impl<I: Io> Store<I> {
+    /// The synchronous part of a checkpoint of `spec.owner`'s states in key
+    /// groups `spec.lo..=spec.hi`: takes effect after every operation
+    /// submitted before it (they are all applied or have fixed their
+    /// snapshot), and nothing submitted after it changes what it holds.
+    /// Freezes the memtable and pins the segments; the rest runs in `poll`,
+    /// which completes `token` with `Output::Value(Some(handle))` once the
+    /// manifest is durable, or with the error that stopped it.
+    pub fn checkpoint(&mut self, token: u64, spec: CheckpointSpec) -> Result<(), StoreError> {
+        if spec.lo > spec.hi {
+            return Err(StoreError::Invalid("key-group range with lo > hi"));
+        }
+        if spec.owner.len() > u16::MAX as usize || spec.meta.len() > 1 << 20 {
+            return Err(StoreError::Invalid(
+                "checkpoint owner or metadata too large",
+            ));
+        }
+        self.freeze();
+        let states = state_set(spec.states);
+        let keep = Region {
+            lo: spec.lo,
+            hi: spec.hi,
+            states: Some(states.clone()),
+        };
+        let mut layers = Vec::new();
+        for seg in &self.segments {
+            if seg.footer.max_kg < spec.lo || seg.footer.min_kg > spec.hi {
+                continue;
+            }
+            if let Some(clip) = self.capture_clip(seg.footer.order, seg.clip.as_ref(), &keep) {
+                let l = LayerRef {
+                    name: seg.name(),
+                    file_len: seg.file_len,
+                    clip,
+                };
+                layers.push((seg.footer.order, l));
+            }
+        }
+        let waiting: Vec<(u64, Clip)> = self
+            .frozen
+            .iter()
+            .filter_map(|(o, _)| Some((*o, self.capture_clip(*o, None, &keep)?)))
+            .collect();
+        for (_, l) in &layers {
+            *self.ckpt.pins.entry(l.name.clone()).or_default() += 1;
+        }
+        let seq = self.ckpt.next_seq;
+        self.ckpt.next_seq += 1;
+        self.ckpt.pending.insert(Pending {
+            token,
+            manifest: Manifest {
+                seq,
+                checkpoint_id: spec.checkpoint_id,
+                owner: spec.owner,
+                lo: spec.lo,
+                hi: spec.hi,
+                states,
+                meta: spec.meta,
+                layers: Vec::new(),
+            },
+            layers,
+            waiting,
+            phase: Phase::Flushing,
+            file: None,
+            handle: [0; manifest::HANDLE_LEN],
+            crc: 0,
+        });
+        Ok(())
+    }
+
+    /// What of a layer of `order` (with its own clip, if restored) belongs
+    /// to the region `keep`, as of now; `None` if nothing.
+    fn capture_clip(&self, order: u64, own: Option<&Clip>, keep: &Region) -> Option<Clip> {
+        let states = keep.states.as_deref().unwrap_or_default();
+        let mut clip = match own {
+            None => Clip {
+                keep: keep.clone(),
+                drop: Vec::new(),
+            },
+            Some(c) => {
+                let n = c.narrowed(keep.lo, keep.hi)?;
+                let st = match &n.keep.states {
+                    Some(s) => intersect(s, states),
+                    None => states.to_vec(),
+                };
+                Clip {
+                    keep: Region {
+                        lo: n.keep.lo,
+                        hi: n.keep.hi,
+                        states: Some(st),
+                    },
+                    drop: n.drop,
+                }
+            }
+        };
+        if clip.keep.states.as_ref().is_some_and(|s| s.is_empty()) {
+            return None;
+        }
+        for m in &self.kg_deletes {
+            if order <= m.max_order && m.region.overlaps(&clip.keep) {
+                clip.drop.push(m.region.clone());
+            }
+        }
+        Some(clip)
+    }
+
+    /// A frozen memtable became `seg`: checkpoints waiting for it pin it.
+    pub(super) fn checkpoint_layer_flushed(&mut self, seg: &Rc<Segment>) {
+        let order = seg.footer.order;
+        let mut pins = Vec::new();
+        for (_, p) in self.ckpt.pending.iter_mut() {
+            let Some(i) = p.waiting.iter().position(|(o, _)| *o == order) else {
+                continue;
+            };
+            let (_, clip) = p.waiting.swap_remove(i);
+            if seg.footer.max_kg < clip.keep.lo || seg.footer.min_kg > clip.keep.hi {
+                continue;
+            }
+            let name = seg.name();
+            pins.push(name.clone());
+            p.layers.push((
+                order,
+                LayerRef {
+                    name,
+                    file_len: seg.file_len,
+                    clip,
+                },
+            ));
+        }
+        for n in pins {
+            *self.ckpt.pins.entry(n).or_default() += 1;
+        }
+    }
+
+    /// A flush failed: checkpoints waiting for one fail with its error
+    /// (the engine aborts them; a later checkpoint retries).
+    pub(super) fn fail_flush_waiters(&mut self, e: &StoreError) {
+        let keys: Vec<usize> = self
+            .ckpt
+            .pending
+            .iter()
+            .filter(|(_, p)| p.phase == Phase::Flushing && !p.waiting.is_empty())
+            .map(|(k, _)| k)
+            .collect();
+        for k in keys {
+            self.fail_checkpoint(k, e.clone());
+        }
+    }
+
+    /// Starts the manifest write of every checkpoint whose layers are all
+    /// segments now.
+    pub(super) fn step_checkpoints(&mut self) {
+        let ready: Vec<usize> = self
+            .ckpt
+            .pending
+            .iter()
+            .filter(|(_, p)| p.phase == Phase::Flushing && p.waiting.is_empty())
+            .map(|(k, _)| k)
+            .collect();
+        for k in ready {
+            let p = &mut self.ckpt.pending[k];
+            p.layers.sort_by_key(|l| std::cmp::Reverse(l.0));
+            p.manifest.layers = p.layers.iter().map(|(_, l)| l.clone()).collect();
+            let bytes = p.manifest.encode();
+            let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
+            p.crc = u32::from_le_bytes(bytes[body_len..body_len + 4].try_into().expect("4"));
+            p.handle = Handle {
+                seq: p.manifest.seq,
+                manifest_crc: p.crc,
+            }
+            .encode();
+            let path = self.cfg.dir.join(manifest::file_name(p.manifest.seq));
+            match self.io.open(&path, OpenMode::CreateNew) {
+                Ok(f) => {
+                    p.file = Some(f);
+                    p.phase = Phase::Writing;
+                    let mut buf = AlignedBuf::with_capacity(bytes.len());
+                    buf.extend_from_slice(&bytes);
+                    self.io.write(f, 0, buf, tag(TAG_CKPT_WRITE, k as u64));
+                }
+                Err(e) => self.fail_checkpoint(k, StoreError::io(&path, "create", &e)),
+            }
+        }
+    }
+
+    /// Advances a checkpoint's manifest write: write, fsync, directory
+    /// fsync, then the handle.
+    pub(super) fn checkpoint_io_done(&mut self, t: u64, k: usize, r: Result<usize, i32>) {
+        let Some(p) = self.ckpt.pending.get(k) else {
+            return;
+        };
+        let path = self.cfg.dir.join(manifest::file_name(p.manifest.seq));
+        let (op, next) = match t {
+            TAG_CKPT_WRITE => ("write", Phase::Syncing),
+            TAG_CKPT_SYNC => ("fsync", Phase::DirSync),
+            _ => ("fsync directory", Phase::DirSync),
+        };
+        if let Err(errno) = r {
+            return self.fail_checkpoint(k, StoreError::from_errno(&path, op, errno));
+        }
+        let file = p.file.expect("a manifest being written has a file");
+        match (t, next) {
+            (TAG_CKPT_WRITE, _) => {
+                self.ckpt.pending[k].phase = next;
+                self.io.fsync(file, tag(TAG_CKPT_SYNC, k as u64));
+            }
+            (TAG_CKPT_SYNC, _) => match self.dir_fd() {
+                Ok(d) => {
+                    self.ckpt.pending[k].phase = next;
+                    self.io.fsync(d, tag(TAG_CKPT_DIR_SYNC, k as u64));
+                }
+                Err(e) => self.fail_checkpoint(k, e),
+            },
+            _ => {
+                let p = self.ckpt.pending.remove(k);
+                self.io.close(file);
+                let m = p.manifest;
+                self.ckpt.retained.insert(
+                    m.seq,
+                    Retained {
+                        owner: m.owner,
+                        checkpoint_id: m.checkpoint_id,
+                        crc: p.crc,
+                        files: m.layers.into_iter().map(|l| l.name).collect(),
+                        completed: false,
+                    },
+                );
+                self.done
+                    .push_back((p.token, Ok(Resolved::Owned(p.handle.to_vec()))));
+            }
+        }
+    }
+
+    fn fail_checkpoint(&mut self, k: usize, e: StoreError) {
+        let p = self.ckpt.pending.remove(k);
+        if let Some(f) = p.file {
+            self.io.close(f);
+            let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(p.manifest.seq)));
+        }
+        for (_, l) in &p.layers {
+            self.unpin(&l.name);
+        }
+        self.done.push_back((p.token, Err(e)));
+    }
+
+    /// The store directory, opened through the I/O layer (for fsyncs).
+    pub(super) fn dir_fd(&mut self) -> Result<crate::io::FileId, StoreError> {
+        if let Some(f) = self.dir_file {
+            return Ok(f);
+        }
+        let f = self
+            .io
+            .open(&self.cfg.dir, OpenMode::Read)
+            .map_err(|e| StoreError::io(&self.cfg.dir, "open directory", &e))?;
+        self.dir_file = Some(f);
+        Ok(f)
+    }
+
+    fn unpin(&mut self, name: &str) {
+        if let Some(n) = self.ckpt.pins.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                self.ckpt.pins.remove(name);
+                self.delete_if_unreferenced(name);
+            }
+        }
+    }
+
+    /// Deletes segment file `name` if no live layer and no checkpoint
+    /// names it.
+    pub(super) fn delete_if_unreferenced(&mut self, name: &str) {
+        if self.ckpt.pinned(name) {
+            return;
+        }
+        let live = self
+            .segments
+            .iter()
+            .chain(&self.retired)
+            .chain(&self.awaiting_dir_sync)
+            .any(|s| s.name() == name);
+        let writing = self
+            .flush
+            .as_ref()
+            .map(|j| &j.writer.path)
+            .into_iter()
+            .chain(self.compact.as_ref().map(|j| &j.writer.path))
+            .any(|p| p.file_name().is_some_and(|n| n == name));
+        if !live && !writing {
+            let _ = std::fs::remove_file(self.cfg.dir.join(name));
+        }
+    }
+
+    /// The engine's word on checkpoint `checkpoint_id` of `owner`. A
+    /// completed checkpoint subsumes the owner's older ones beyond the
+    /// retention count; an aborted one that never completed, or a subsumed
+    /// one, is deleted. Returns how many manifests were deleted.
+    pub fn checkpoint_notify(&mut self, owner: &[u8], checkpoint_id: u64, kind: Notify) -> usize {
+        let mine = |r: &Retained| r.owner == owner;
+        let doomed: Vec<u64> = match kind {
+            Notify::Complete => {
+                for (seq, r) in self.ckpt.retained.iter_mut() {
+                    if mine(r) && r.checkpoint_id == checkpoint_id && !r.completed {
+                        r.completed = true;
+                        // Remembered across restarts (an empty marker file;
+                        // without it a manifest found at open is pending).
+                        let _ = std::fs::File::create(
+                            self.cfg.dir.join(manifest::completed_name(*seq)),
+                        );
+                    }
+                }
+                let mut ids: Vec<u64> = self
+                    .ckpt
+                    .retained
+                    .values()
+                    .filter(|r| mine(r) && r.completed)
+                    .map(|r| r.checkpoint_id)
+                    .collect();
+                ids.sort_unstable_by(|a, b| b.cmp(a));
+                ids.dedup();
+                let keep = self.cfg.retained_checkpoints.max(1);
+                let oldest_kept = ids.get(keep - 1).or(ids.last()).copied().unwrap_or(0);
+                self.ckpt
+                    .retained
+                    .iter()
+                    .filter(|(_, r)| mine(r) && r.checkpoint_id < oldest_kept)
+                    .map(|(s, _)| *s)
+                    .collect()
+            }
+            Notify::Abort => self
+                .ckpt
+                .retained
+                .iter()
+                .filter(|(_, r)| mine(r) && r.checkpoint_id == checkpoint_id && !r.completed)
+                .map(|(s, _)| *s)
+                .collect(),
+            Notify::Subsume => self
+                .ckpt
+                .retained
+                .iter()
+                .filter(|(_, r)| mine(r) && r.checkpoint_id == checkpoint_id)
+                .map(|(s, _)| *s)
+                .collect(),
+        };
+        for seq in &doomed {
+            let r = self.ckpt.retained.remove(seq).expect("listed above");
+            let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(*seq)));
+            let _ = std::fs::remove_file(self.cfg.dir.join(manifest::completed_name(*seq)));
+            for f in &r.files {
+                self.unpin(f);
+            }
+        }
+        doomed.len()
+    }
+
+    /// Reads and checks the manifest a handle names.
+    fn manifest_for(&self, handle: &[u8], owner: &[u8]) -> Result<Manifest, StoreError> {
+        let refuse = |m: String| StoreError::Restore(m);
+        let h = Handle::decode(handle).map_err(|m| refuse(m.0.to_string()))?;
+        let r = self.ckpt.retained.get(&h.seq).ok_or_else(|| {
+            refuse(format!(
+                "no checkpoint manifest {} in {} (subsumed, aborted, past retention, or taken by another store)",
+                h.seq,
+                self.cfg.dir.display()
+            ))
+        })?;
+        if r.crc != h.manifest_crc {
+            return Err(refuse(format!(
+                "the handle does not match manifest {} (altered or forged)",
+                h.seq
+            )));
+        }
+        if r.owner != owner {
+            return Err(refuse(format!(
+                "checkpoint {} belongs to another job or operator",
+                r.checkpoint_id
+            )));
+        }
+        let path = self.cfg.dir.join(manifest::file_name(h.seq));
+        let bytes = std::fs::read(&path).map_err(|e| StoreError::io(&path, "read", &e))?;
+        let (m, crc) = Manifest::decode(&bytes).map_err(|m| StoreError::Corrupt {
+            path: path.display().to_string(),
+            offset: 0,
+            what: m.0,
+        })?;
+        if crc != h.manifest_crc || m.owner != owner {
+            return Err(refuse(format!(
+                "manifest {} changed on disk since it was written",
+                h.seq
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Replaces `spec.owner`'s state in key groups `spec.lo..=spec.hi` by
+    /// what the checkpoints `handles` hold of those key groups (any
+    /// parallelism: rescale is a restore from several handles, or of a part
+    /// of one). Every handle and segment is checked before anything
+    /// changes; a refused restore leaves the store as it was. The segments
+    /// are referenced, not copied. Synchronous: reads the manifests and
+    /// each segment's footer, and writes the layer list.
+    pub fn restore(
+        &mut self,
+        spec: RestoreSpec<'_>,
+        handles: &[&[u8]],
+    ) -> Result<Restored, StoreError> {
+        if spec.lo > spec.hi {
+            return Err(StoreError::Invalid("key-group range with lo > hi"));
+        }
+        let mut manifests: Vec<Manifest> = Vec::new();
+        for h in handles {
+            let m = self.manifest_for(h, spec.owner)?;
+            if manifests.iter().any(|o| o.seq == m.seq) {
+                continue;
+            }
+            // Key groups this checkpoint contributes to the range.
+            let part = |m: &Manifest| (m.lo.max(spec.lo), m.hi.min(spec.hi));
+            let (lo, hi) = part(&m);
+            for o in &manifests {
+                let (olo, ohi) = part(o);
+                if lo <= hi && olo <= ohi && lo <= ohi && olo <= hi {
+                    return Err(StoreError::Restore(format!(
+                        "checkpoints {} and {} both hold key groups {}..={}",
+                        o.checkpoint_id,
+                        m.checkpoint_id,
+                        lo.max(olo),
+                        hi.min(ohi)
+                    )));
+                }
+            }
+            manifests.push(m);
+        }
+        // Open every referenced segment first.
+        let mut opened: Vec<Vec<Segment>> = Vec::new();
+        let close_all = |io: &mut I, opened: Vec<Vec<Segment>>| {
+            for s in opened.into_iter().flatten() {
+                io.close(s.file);
+            }
+        };
+        for m in &manifests {
+            let mut segs = Vec::new();
+            for l in &m.layers {
+                let Some(clip) = l.clip.narrowed(spec.lo, spec.hi) else {
+                    continue;
+                };
+                let path = self.cfg.dir.join(&l.name);
+                let id = self.next_segment_id;
+                self.next_segment_id += 1;
+                let r = Self::open_segment(&mut self.io, &path, id, &mut self.completions)
+                    .and_then(|s| {
+                        if s.file_len == l.file_len {
+                            Ok(s)
+                        } else {
+                            self.io.close(s.file);
+                            Err(StoreError::Corrupt {
+                                path: path.display().to_string(),
+                                offset: s.file_len,
+                                what: "segment length differs from its checkpoint manifest",
+                            })
+                        }
+                    });
+                match r {
+                    Ok(mut s) => {
+                        s.clip = Some(clip);
+                        segs.push(s);
+                    }
+                    Err(e) => {
+                        for s in segs {
+                            self.io.close(s.file);
+                        }
+                        close_all(&mut self.io, opened);
+                        return Err(e);
+                    }
+                }
+            }
+            opened.push(segs);
+        }
+        // Mask the owner's states in the range in every existing layer,
+        // then place the checkpoint's layers above, keeping their order.
+        self.freeze();
+        let mut states: Vec<u32> = spec.states.to_vec();
+        for m in &manifests {
+            states.extend_from_slice(&m.states);
+        }
+        let mask = KgDelete {
+            region: Region {
+                lo: spec.lo,
+                hi: spec.hi,
+                states: Some(state_set(states)),
+            },
+            max_order: self.next_order - 1,
+        };
+        let mut added = Vec::new();
+        for segs in opened {
+            for mut s in segs.into_iter().rev() {
+                s.footer.order = self.next_order;
+                s.footer.min_order = self.next_order;
+                self.next_order += 1;
+                added.push(Rc::new(s));
+            }
+        }
+        let ids: Vec<u64> = added.iter().map(|s| s.id).collect();
+        self.segments.extend(added);
+        self.segments.sort_by(|a, b| {
+            (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
+        });
+        if let Err(e) = self.push_mask(mask) {
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
+                .into_iter()
+                .partition(|s| ids.contains(&s.id));
+            self.segments = kept;
+            for s in gone {
+                self.io.close(s.file);
+            }
+            return Err(e);
+        }
+        self.rebalance_cache();
+        Ok(Restored {
+            layers: ids.len(),
+            manifests: manifests
+                .into_iter()
+                .map(|m| RestoredManifest {
+                    checkpoint_id: m.checkpoint_id,
+                    lo: m.lo,
+                    hi: m.hi,
+                    states: m.states,
+                    meta: m.meta,
+                })
+                .collect(),
+        })
+    }
+}

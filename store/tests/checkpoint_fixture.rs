@@ -1,0 +1,156 @@
+//! Checkpoint format fixture: a store directory with manifests (version 1),
+//! a `LAYERS` file with a mask and restored layers, a completion marker,
+//! and the handles the engine kept, checked in under
+//! `tests/fixtures/checkpoint-v1/`. Every future version must keep
+//! restoring those handles exactly. Regenerate (only when adding a new
+//! version's fixture) with
+//! `STATOR_WRITE_FIXTURES=1 cargo test -p stator-store --test checkpoint_fixture`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Owned, checkpoint, run, settle_fully};
+use stator_store::io::SyncIo;
+use stator_store::manifest::{Handle, Manifest};
+use stator_store::{CheckpointSpec, KeyRef, Notify, Op, RestoreSpec, Store, StoreConfig};
+
+const OWNER: &[u8] = b"job\0op";
+const STATES: [u32; 1] = [7];
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoint-v1")
+}
+
+fn cfg(dir: &Path) -> StoreConfig {
+    let mut c = StoreConfig::new(dir, 64 << 20);
+    c.memtable_bytes = Some(16 << 20);
+    c.compaction_trigger = 100;
+    c.retained_checkpoints = 2;
+    c
+}
+
+fn key(i: u32) -> [u8; 4] {
+    i.to_be_bytes()
+}
+
+fn kr(k: &[u8]) -> KeyRef<'_> {
+    KeyRef {
+        key_group: (k[3] % 8) as u16,
+        state: 7,
+        key: k,
+        namespace: b"",
+    }
+}
+
+fn spec(id: u64) -> CheckpointSpec {
+    CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: 7,
+        states: STATES.to_vec(),
+        meta: format!("meta-{id}").into_bytes(),
+    }
+}
+
+fn restore_spec(lo: u16, hi: u16) -> RestoreSpec<'static> {
+    RestoreSpec {
+        owner: OWNER,
+        lo,
+        hi,
+        states: &STATES,
+    }
+}
+
+/// Checkpoint 1 of 100 values; then overwrites; a restore of key groups
+/// 0..=3 from it (a mask and imports); checkpoint 2 over the mixture.
+fn write(dir: &Path) {
+    let (mut s, _) = Store::open(cfg(dir), SyncIo::new(true)).unwrap();
+    for i in 0..100u32 {
+        run(&mut s, Op::Put(kr(&key(i)), format!("one-{i}").as_bytes())).unwrap();
+    }
+    let h1 = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    for i in 0..100u32 {
+        run(&mut s, Op::Put(kr(&key(i)), format!("two-{i}").as_bytes())).unwrap();
+    }
+    s.restore(restore_spec(0, 3), &[&h1]).unwrap();
+    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    s.flush();
+    settle_fully(&mut s);
+    std::fs::write(dir.join("handle-1"), &h1).unwrap();
+    std::fs::write(dir.join("handle-2"), &h2).unwrap();
+}
+
+/// Key `i` as checkpoint 2 holds it: groups 0..=3 came back from
+/// checkpoint 1.
+fn in_two(i: u32) -> String {
+    if (i % 8) < 4 {
+        format!("one-{i}")
+    } else {
+        format!("two-{i}")
+    }
+}
+
+fn check(dir: &Path) {
+    let h1 = std::fs::read(dir.join("handle-1")).unwrap();
+    let h2 = std::fs::read(dir.join("handle-2")).unwrap();
+    // The bytes themselves decode.
+    let m2 = Handle::decode(&h2).unwrap();
+    let bytes = std::fs::read(dir.join(stator_store::manifest::file_name(m2.seq))).unwrap();
+    let (m, crc) = Manifest::decode(&bytes).unwrap();
+    assert_eq!(
+        (m.checkpoint_id, m.lo, m.hi, crc),
+        (2, 0, 7, m2.manifest_crc)
+    );
+    assert_eq!(m.meta, b"meta-2");
+    assert!(
+        m.layers.iter().any(|l| l.clip.keep.hi == 3),
+        "a clipped import"
+    );
+    let (mut s, rep) = Store::open(cfg(dir), SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty(), "{rep:?}");
+    assert_eq!(rep.manifests, 2);
+    // The live state after the restore (LAYERS: mask and imports).
+    for i in 0..100u32 {
+        let want = Owned::Value(Some(in_two(i).into_bytes()));
+        assert_eq!(run(&mut s, Op::Get(kr(&key(i)))).unwrap(), want, "live {i}");
+    }
+    // Each handle restores exactly its checkpoint.
+    s.restore(restore_spec(0, 7), &[&h1]).unwrap();
+    for i in 0..100u32 {
+        let want = Owned::Value(Some(format!("one-{i}").into_bytes()));
+        assert_eq!(run(&mut s, Op::Get(kr(&key(i)))).unwrap(), want, "h1 {i}");
+    }
+    s.restore(restore_spec(0, 7), &[&h2]).unwrap();
+    for i in 0..100u32 {
+        let want = Owned::Value(Some(in_two(i).into_bytes()));
+        assert_eq!(run(&mut s, Op::Get(kr(&key(i)))).unwrap(), want, "h2 {i}");
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn checkpoint_version_1_fixture_restores_exactly() {
+    let fixture = fixture_dir();
+    if std::env::var_os("STATOR_WRITE_FIXTURES").is_some() {
+        let _ = std::fs::remove_dir_all(&fixture);
+        std::fs::create_dir_all(&fixture).unwrap();
+        write(&fixture);
+    }
+    assert!(
+        fixture.join("handle-2").exists() && fixture.join("LAYERS").exists(),
+        "fixture missing: {}",
+        fixture.display()
+    );
+    let d = tempfile::tempdir().unwrap();
+    copy_dir(&fixture, d.path());
+    check(d.path());
+}

@@ -1,0 +1,437 @@
+//! Checkpoints, restores and rescales against a model.
+//!
+//! Two owners (think: two operators of one job) share one store. Random
+//! writes (values, list appends, map puts and clears) are interleaved with
+//! checkpoints taken at a random parallelism (one checkpoint per key-group
+//! range), completions, aborts, restores of any retained checkpoint into a
+//! random parallelism (all ranges, or only one), flushes, major
+//! compactions, clean reopens and crashes. After every step the store must
+//! read exactly like the model: a restore gives each range exactly the
+//! checkpointed state of its key groups, and nothing outside the range or
+//! of the other owner changes. Handles of deleted checkpoints, of the other
+//! owner, and altered handles are refused and change nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{Owned, checkpoint, run, settle_fully};
+use proptest::prelude::*;
+use stator_store::io::{Io, SyncIo, UringIo};
+use stator_store::ops::encode_element;
+use stator_store::{
+    CheckpointSpec, IterMode, KeyRef, Notify, Op, RestoreSpec, StateKind, Store, StoreConfig,
+    StoreError,
+};
+
+const KGS: u16 = 8;
+const OWNERS: [&[u8]; 2] = [b"job\0op-a", b"job\0op-b"];
+/// Value, list and map state ids of each owner.
+const STATES: [[u32; 3]; 2] = [[1, 2, 3], [4, 5, 6]];
+
+/// (owner, key group, key)
+type K = (usize, u16, u8);
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Model {
+    values: BTreeMap<K, Vec<u8>>,
+    lists: BTreeMap<K, Vec<Vec<u8>>>,
+    maps: BTreeMap<K, BTreeMap<u8, Vec<u8>>>,
+}
+
+impl Model {
+    /// Replaces `owner`'s state in key groups `lo..=hi` by `from`'s.
+    fn restore(&mut self, owner: usize, lo: u16, hi: u16, from: &Model) {
+        let inside = |k: &K| k.0 == owner && lo <= k.1 && k.1 <= hi;
+        self.values.retain(|k, _| !inside(k));
+        self.lists.retain(|k, _| !inside(k));
+        self.maps.retain(|k, _| !inside(k));
+        for (k, v) in from.values.iter().filter(|(k, _)| inside(k)) {
+            self.values.insert(*k, v.clone());
+        }
+        for (k, v) in from.lists.iter().filter(|(k, _)| inside(k)) {
+            self.lists.insert(*k, v.clone());
+        }
+        for (k, v) in from.maps.iter().filter(|(k, _)| inside(k)) {
+            self.maps.insert(*k, v.clone());
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum COp {
+    Put(K, u8),
+    Delete(K),
+    Append(K, u8),
+    MapPut(K, u8, u8),
+    ClearMap(K),
+    /// Checkpoint an owner at a parallelism; then complete, abort or leave it.
+    Checkpoint(usize, u16, u8),
+    /// Restore an owner from its n-th newest retained checkpoint into a
+    /// parallelism, all ranges or only range `only % p`.
+    Restore(usize, usize, u16, Option<u16>),
+    /// Try handles that must be refused.
+    BadRestore(usize, u8),
+    Flush,
+    Compact,
+    Reopen,
+    Crash,
+}
+
+fn k() -> impl Strategy<Value = K> {
+    (0usize..2, 0u16..KGS, 0u8..3)
+}
+
+fn cop() -> impl Strategy<Value = COp> {
+    prop_oneof![
+        8 => (k(), any::<u8>()).prop_map(|(k, v)| COp::Put(k, v)),
+        2 => k().prop_map(COp::Delete),
+        4 => (k(), any::<u8>()).prop_map(|(k, v)| COp::Append(k, v)),
+        4 => (k(), 0u8..3, any::<u8>()).prop_map(|(k, u, v)| COp::MapPut(k, u, v)),
+        1 => k().prop_map(COp::ClearMap),
+        4 => (0usize..2, 1u16..5, 0u8..3).prop_map(|(o, p, n)| COp::Checkpoint(o, p, n)),
+        3 => (0usize..2, 0usize..3, 1u16..5, prop::option::of(0u16..4))
+            .prop_map(|(o, n, p, only)| COp::Restore(o, n, p, only)),
+        1 => (0usize..2, 0u8..3).prop_map(|(o, w)| COp::BadRestore(o, w)),
+        2 => Just(COp::Flush),
+        1 => Just(COp::Compact),
+        1 => Just(COp::Reopen),
+        1 => Just(COp::Crash),
+    ]
+}
+
+/// Key groups of range `i` of `p` (Flink's split of 8 groups).
+fn range(p: u16, i: u16) -> (u16, u16) {
+    (i * KGS / p, (i + 1) * KGS / p - 1)
+}
+
+fn kr(k: &K, kind: usize) -> KeyRef<'static> {
+    const KEYS: [[u8; 1]; 3] = [[0], [1], [2]];
+    KeyRef {
+        key_group: k.1,
+        state: STATES[k.0][kind],
+        key: &KEYS[k.2 as usize],
+        namespace: b"",
+    }
+}
+
+/// Opens the store; only after a crash may a file be torn (a flush or
+/// compaction cut short).
+fn open<I: Io>(dir: &std::path::Path, clean: bool, mk: fn() -> I) -> Store<I> {
+    let mut cfg = StoreConfig::new(dir, 2 << 30);
+    cfg.block_cache_max = Some(16 << 10);
+    cfg.memtable_bytes = Some(1 << 30);
+    cfg.compaction_trigger = 3;
+    cfg.work_per_poll = 5;
+    cfg.retained_checkpoints = 2;
+    let (s, rep) = Store::open(cfg, mk()).expect("open");
+    assert!(!clean || rep.torn.is_empty(), "{rep:?}");
+    s
+}
+
+fn list_bytes(l: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in l {
+        encode_element(&mut out, e);
+    }
+    out
+}
+
+/// Every key of the key space reads as the model says.
+fn check<I: Io>(s: &mut Store<I>, m: &Model, what: &str) {
+    for o in 0..2 {
+        for kg in 0..KGS {
+            for key in 0..3 {
+                let k = (o, kg, key);
+                assert_eq!(
+                    run(s, Op::Get(kr(&k, 0))).unwrap(),
+                    Owned::Value(m.values.get(&k).cloned()),
+                    "{what}: value {k:?}"
+                );
+                assert_eq!(
+                    run(s, Op::ListGet(kr(&k, 1))).unwrap(),
+                    Owned::Value(m.lists.get(&k).map(|l| list_bytes(l))),
+                    "{what}: list {k:?}"
+                );
+                let mut want = Vec::new();
+                for (u, v) in m.maps.get(&k).into_iter().flatten() {
+                    encode_element(&mut want, &[*u]);
+                    encode_element(&mut want, v);
+                }
+                let got = run(
+                    s,
+                    Op::MapIter {
+                        map: kr(&k, 2),
+                        mode: IterMode::Entries,
+                        after: None,
+                        max_bytes: 1 << 20,
+                    },
+                )
+                .unwrap();
+                match got {
+                    Owned::Page(d, _, _, false) => assert_eq!(d, want, "{what}: map {k:?}"),
+                    o => panic!("{what}: map {k:?}: {o:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// A checkpoint the model remembers.
+struct Ckpt {
+    owner: usize,
+    id: u64,
+    completed: bool,
+    handles: Vec<((u16, u16), Vec<u8>)>,
+    state: Model,
+}
+
+fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, mk);
+    let mut m = Model::default();
+    let mut durable = Model::default();
+    let mut ckpts: Vec<Ckpt> = Vec::new();
+    let mut dead: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut next_id = 1u64;
+    for (step, op) in ops.into_iter().enumerate() {
+        let what = format!("step {step} ({op:?})");
+        match op {
+            COp::Put(k, v) => {
+                run(&mut s, Op::Put(kr(&k, 0), &[v])).unwrap();
+                m.values.insert(k, vec![v]);
+            }
+            COp::Delete(k) => {
+                run(&mut s, Op::Delete(kr(&k, 0))).unwrap();
+                m.values.remove(&k);
+            }
+            COp::Append(k, v) => {
+                run(&mut s, Op::ListAppend(kr(&k, 1), &[v])).unwrap();
+                m.lists.entry(k).or_default().push(vec![v]);
+            }
+            COp::MapPut(k, u, v) => {
+                run(&mut s, Op::MapPut(kr(&k, 2), &[u], &[v])).unwrap();
+                m.maps.entry(k).or_default().insert(u, vec![v]);
+            }
+            COp::ClearMap(k) => {
+                run(&mut s, Op::Clear(kr(&k, 2), StateKind::Map)).unwrap();
+                m.maps.remove(&k);
+            }
+            COp::Checkpoint(o, p, then) => {
+                let id = next_id;
+                next_id += 1;
+                let mut handles = Vec::new();
+                for i in 0..p {
+                    let (lo, hi) = range(p, i);
+                    let spec = CheckpointSpec {
+                        owner: OWNERS[o].to_vec(),
+                        checkpoint_id: id,
+                        lo,
+                        hi,
+                        states: STATES[o].to_vec(),
+                        meta: format!("meta {id}/{i}").into_bytes(),
+                    };
+                    handles.push(((lo, hi), checkpoint(&mut s, spec).unwrap()));
+                }
+                // Completion implies every earlier write was flushed.
+                durable = m.clone();
+                ckpts.push(Ckpt {
+                    owner: o,
+                    id,
+                    completed: false,
+                    handles,
+                    state: m.clone(),
+                });
+                match then {
+                    0 => {
+                        s.checkpoint_notify(OWNERS[o], id, Notify::Complete);
+                        ckpts.last_mut().unwrap().completed = true;
+                        // Retention 2: the owner's checkpoints older than
+                        // its second-newest completed one are deleted.
+                        let mut done: Vec<u64> = ckpts
+                            .iter()
+                            .filter(|c| c.owner == o && c.completed)
+                            .map(|c| c.id)
+                            .collect();
+                        done.sort_unstable_by(|a, b| b.cmp(a));
+                        let oldest = done.get(1).copied().unwrap_or(done[0]);
+                        for c in ckpts.iter().filter(|c| c.owner == o && c.id < oldest) {
+                            dead.extend(c.handles.iter().map(|(_, h)| (o, h.clone())));
+                        }
+                        ckpts.retain(|c| c.owner != o || c.id >= oldest);
+                    }
+                    1 => {
+                        s.checkpoint_notify(OWNERS[o], id, Notify::Abort);
+                        let c = ckpts.pop().unwrap();
+                        dead.extend(c.handles.into_iter().map(|(_, h)| (o, h)));
+                    }
+                    _ => {}
+                }
+            }
+            COp::Restore(o, n, p, only) => {
+                let mine: Vec<&Ckpt> = ckpts.iter().filter(|c| c.owner == o).rev().collect();
+                let Some(c) = mine.get(n.min(mine.len().saturating_sub(1))) else {
+                    continue;
+                };
+                let parts: Vec<u16> = match only {
+                    Some(i) => vec![i % p],
+                    None => (0..p).collect(),
+                };
+                let from = c.state.clone();
+                for i in parts {
+                    let (lo, hi) = range(p, i);
+                    let hs: Vec<&[u8]> = c
+                        .handles
+                        .iter()
+                        .filter(|((a, b), _)| *a <= hi && lo <= *b)
+                        .map(|(_, h)| h.as_slice())
+                        .collect();
+                    let r = s
+                        .restore(
+                            RestoreSpec {
+                                owner: OWNERS[o],
+                                lo,
+                                hi,
+                                states: &STATES[o],
+                            },
+                            &hs,
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(r.manifests.len(), hs.len());
+                    assert!(r.manifests.iter().all(|x| x.checkpoint_id == c.id));
+                    m.restore(o, lo, hi, &from);
+                }
+                // A restore freezes the memtable; once its flush is done
+                // (waited for here, so a crash loses a known set), the
+                // writes before it are durable too.
+                settle_fully(&mut s);
+                durable = m.clone();
+            }
+            COp::BadRestore(o, which) => {
+                let (lo, hi) = (0, KGS - 1);
+                let h: Vec<u8> = match which {
+                    0 => match dead.iter().find(|(owner, _)| *owner == o) {
+                        Some((_, h)) => h.clone(),
+                        None => continue,
+                    },
+                    1 => match ckpts.iter().find(|c| c.owner != o) {
+                        Some(c) => c.handles[0].1.clone(),
+                        None => continue,
+                    },
+                    _ => match ckpts.iter().find(|c| c.owner == o) {
+                        Some(c) => {
+                            let mut h = c.handles[0].1.clone();
+                            h[10] ^= 1;
+                            h
+                        }
+                        None => continue,
+                    },
+                };
+                let r = s.restore(
+                    RestoreSpec {
+                        owner: OWNERS[o],
+                        lo,
+                        hi,
+                        states: &STATES[o],
+                    },
+                    &[&h],
+                );
+                assert!(
+                    matches!(r, Err(StoreError::Restore(_))),
+                    "{what}: a bad handle was not refused: {r:?}"
+                );
+            }
+            COp::Flush => {
+                s.flush();
+                settle_fully(&mut s);
+                durable = m.clone();
+            }
+            COp::Compact => {
+                s.flush();
+                s.compact_all();
+                settle_fully(&mut s);
+                durable = m.clone();
+            }
+            COp::Reopen => {
+                s.flush();
+                settle_fully(&mut s);
+                drop(s);
+                s = open(dir.path(), true, mk);
+                durable = m.clone();
+            }
+            COp::Crash => {
+                drop(s);
+                s = open(dir.path(), false, mk);
+                m = durable.clone();
+            }
+        }
+        if step % 8 == 7 {
+            check(&mut s, &m, &what);
+        }
+    }
+    check(&mut s, &m, "end");
+    // Every retained checkpoint still restores exactly, after a crash.
+    drop(s);
+    let mut s = open(dir.path(), false, mk);
+    let mut m = durable;
+    check(&mut s, &m, "after the final crash");
+    for c in &ckpts {
+        for ((lo, hi), h) in &c.handles {
+            s.restore(
+                RestoreSpec {
+                    owner: OWNERS[c.owner],
+                    lo: *lo,
+                    hi: *hi,
+                    states: &STATES[c.owner],
+                },
+                &[h.as_slice()],
+            )
+            .unwrap();
+            m.restore(c.owner, *lo, *hi, &c.state);
+        }
+        check(
+            &mut s,
+            &m,
+            &format!("restore of checkpoint {} at the end", c.id),
+        );
+    }
+    // No file is left that nothing references once every checkpoint is
+    // subsumed and everything compacted.
+    for c in &ckpts {
+        s.checkpoint_notify(OWNERS[c.owner], c.id, Notify::Subsume);
+    }
+    s.flush();
+    s.compact_all();
+    settle_fully(&mut s);
+    let st = s.stats();
+    assert_eq!(st.checkpoints_retained, 0);
+    let ssts = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            let n = e.as_ref().unwrap().file_name();
+            let n = n.to_string_lossy();
+            n.ends_with(".sst") || n.ends_with(".manifest")
+        })
+        .count();
+    assert_eq!(
+        ssts, st.segments,
+        "files nothing references were left behind"
+    );
+    check(&mut s, &m, "after subsuming everything");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 4000, ..ProptestConfig::default() })]
+    #[test]
+    fn checkpoints_match_model(ops in prop::collection::vec(cop(), 1..80)) {
+        run_case(ops, || SyncIo::new(true));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #[test]
+    fn checkpoints_match_model_over_io_uring(ops in prop::collection::vec(cop(), 1..80)) {
+        run_case(ops, || UringIo::new(64, true).unwrap());
+    }
+}
