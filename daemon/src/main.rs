@@ -106,6 +106,7 @@ fn main() -> ExitCode {
         eprintln!("statord: cannot block signals: {e}");
         return ExitCode::FAILURE;
     }
+    raise_open_file_limit();
     let daemon = match Daemon::start(cfg) {
         Ok(d) => d,
         Err(e) => {
@@ -118,4 +119,18 @@ fn main() -> ExitCode {
     let stats = daemon.stop();
     tracing::info!(?stats, "stopped");
     ExitCode::SUCCESS
+}
+
+/// Segments, their restored references and sessions each hold a file
+/// descriptor: take the hard limit, not the 1024 soft default.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit");
+            }
+        }
+        _ => {}
+    }
 }

@@ -29,6 +29,17 @@ impl Region {
                 .is_none_or(|s| keys::state_id(key).is_some_and(|id| s.binary_search(&id).is_ok()))
     }
 
+    /// Whether every key of `o` lies in this region.
+    pub fn covers(&self, o: &Region) -> bool {
+        self.lo <= o.lo
+            && o.hi <= self.hi
+            && match (&self.states, &o.states) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(a), Some(b)) => b.iter().all(|x| a.binary_search(x).is_ok()),
+            }
+    }
+
     /// Whether the two regions share any key.
     pub fn overlaps(&self, o: &Region) -> bool {
         self.lo <= o.hi

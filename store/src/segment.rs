@@ -4,6 +4,7 @@
 //! index, filter), enough to find the one block that may hold a key.
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use crate::aligned::{ALIGN, AlignedBuf};
 use crate::bloom::{self, Bloom};
@@ -18,8 +19,10 @@ pub struct Segment {
     pub path: PathBuf,
     pub file: FileId,
     pub footer: Footer,
-    pub index: BlockIndex,
-    pub filter: Bloom,
+    /// Shared by every layer that references this file (a restore's
+    /// references reuse the parsed index and filter of an open segment).
+    pub index: Rc<BlockIndex>,
+    pub filter: Rc<Bloom>,
     pub file_len: u64,
     /// For a segment referenced by a restore: the records that belong to
     /// the restored state (the rest are invisible). `None`: all of them.
@@ -29,6 +32,10 @@ pub struct Segment {
 impl Segment {
     /// Memory held for this segment (index and filter).
     pub fn memory_bytes(&self) -> usize {
+        if self.clip.is_some() && Rc::strong_count(&self.index) > 1 {
+            // A restore's reference to a file whose metadata another layer holds.
+            return 256;
+        }
         self.index.memory_bytes() + self.filter.memory_bytes() + 256
     }
 
@@ -110,8 +117,8 @@ impl Segment {
             path,
             file,
             footer,
-            index,
-            filter,
+            index: Rc::new(index),
+            filter: Rc::new(filter),
             file_len,
             clip: None,
         })
@@ -376,8 +383,8 @@ impl SegmentWriter {
             path: self.path,
             file: self.file,
             footer: self.footer,
-            index: std::mem::take(&mut self.index),
-            filter: self.filter.take().expect("finish() built the filter"),
+            index: Rc::new(std::mem::take(&mut self.index)),
+            filter: Rc::new(self.filter.take().expect("finish() built the filter")),
             file_len: self.offset,
             clip: None,
         }

@@ -295,6 +295,10 @@ impl<I: Io> Store<I> {
         }
         for m in &self.kg_deletes {
             if order <= m.max_order && m.region.overlaps(&clip.keep) {
+                if m.region.covers(&clip.keep) {
+                    // Nothing of this layer belongs to the checkpoint.
+                    return None;
+                }
                 clip.drop.push(m.region.clone());
             }
         }
@@ -588,6 +592,36 @@ impl<I: Io> Store<I> {
         Ok(m)
     }
 
+    /// Opens segment file `path` as a new layer: the index and filter of a
+    /// layer that already has it open are shared (only the file is opened
+    /// again), so a restore costs the same whatever the segments' size.
+    fn reference(&mut self, path: &Path, id: u64) -> Result<Segment, StoreError> {
+        let known = self
+            .segments
+            .iter()
+            .chain(&self.retired)
+            .chain(&self.awaiting_dir_sync)
+            .find(|s| s.path == path)
+            .cloned();
+        let Some(k) = known else {
+            return Self::open_segment(&mut self.io, path, id, &mut self.completions);
+        };
+        let file = self
+            .io
+            .open(path, OpenMode::Read)
+            .map_err(|e| StoreError::io(path, "open", &e))?;
+        Ok(Segment {
+            id,
+            path: path.to_path_buf(),
+            file,
+            footer: k.footer,
+            index: k.index.clone(),
+            filter: k.filter.clone(),
+            file_len: k.file_len,
+            clip: None,
+        })
+    }
+
     /// Replaces `spec.owner`'s state in key groups `spec.lo..=spec.hi` by
     /// what the checkpoints `handles` hold of those key groups (any
     /// parallelism: rescale is a restore from several handles, or of a part
@@ -642,19 +676,18 @@ impl<I: Io> Store<I> {
                 let path = self.cfg.dir.join(&l.name);
                 let id = self.next_segment_id;
                 self.next_segment_id += 1;
-                let r = Self::open_segment(&mut self.io, &path, id, &mut self.completions)
-                    .and_then(|s| {
-                        if s.file_len == l.file_len {
-                            Ok(s)
-                        } else {
-                            self.io.close(s.file);
-                            Err(StoreError::Corrupt {
-                                path: path.display().to_string(),
-                                offset: s.file_len,
-                                what: "segment length differs from its checkpoint manifest",
-                            })
-                        }
-                    });
+                let r = self.reference(&path, id).and_then(|s| {
+                    if s.file_len == l.file_len {
+                        Ok(s)
+                    } else {
+                        self.io.close(s.file);
+                        Err(StoreError::Corrupt {
+                            path: path.display().to_string(),
+                            offset: s.file_len,
+                            what: "segment length differs from its checkpoint manifest",
+                        })
+                    }
+                });
                 match r {
                     Ok(mut s) => {
                         s.clip = Some(clip);
@@ -697,9 +730,7 @@ impl<I: Io> Store<I> {
         }
         let ids: Vec<u64> = added.iter().map(|s| s.id).collect();
         self.segments.extend(added);
-        self.segments.sort_by(|a, b| {
-            (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
-        });
+        sort_layers(&mut self.segments);
         if let Err(e) = self.push_mask(mask) {
             let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
                 .into_iter()

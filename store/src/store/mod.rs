@@ -577,9 +577,7 @@ impl<I: Io> Store<I> {
             seg.clip = Some(imp.clip);
             live.push(Rc::new(seg));
         }
-        live.sort_by(|a, b| {
-            (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
-        });
+        sort_layers(&mut live);
         report.segments = live.len();
         let next_order = live
             .iter()
@@ -766,6 +764,13 @@ impl BlockCache {
 /// on average (growing the index rehashes it, a stall on the write path),
 /// capped at 4 M entries (64 MiB of slots) beyond which it doubles as it
 /// fills.
+/// Newest first: descending `(order, generation)`, the order reads consult.
+fn sort_layers(layers: &mut [Rc<Segment>]) {
+    layers.sort_by(|a, b| {
+        (b.footer.order, b.footer.generation).cmp(&(a.footer.order, a.footer.generation))
+    });
+}
+
 /// Whether a mask hides `key` in a layer of `order`.
 fn masked_by(masks: &[KgDelete], order: u64, key: &[u8]) -> bool {
     masks.iter().any(|d| d.hides(order, key))

@@ -106,12 +106,31 @@ impl<I: Io> Store<I> {
     }
 
     /// Adds a mask and makes it durable; on failure the store is as it was.
+    /// Restored layers the mask hides entirely are dropped (retired) with
+    /// it, so repeated restores do not pile up layers and open files.
     pub(super) fn push_mask(&mut self, m: KgDelete) -> Result<(), StoreError> {
+        let compacting: Vec<u64> = self
+            .compact
+            .as_ref()
+            .map(|j| j.inputs.iter().map(|s| s.id).collect())
+            .unwrap_or_default();
+        let hidden = |s: &Rc<Segment>| {
+            s.footer.order <= m.max_order
+                && s.clip.as_ref().is_some_and(|c| m.region.covers(&c.keep))
+                && !compacting.contains(&s.id)
+        };
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
+            .into_iter()
+            .partition(hidden);
+        self.segments = kept;
         self.kg_deletes.push(m);
         if let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments) {
             self.kg_deletes.pop();
+            self.segments.extend(gone);
+            sort_layers(&mut self.segments);
             return Err(e);
         }
+        self.retired.extend(gone);
         Ok(())
     }
 
