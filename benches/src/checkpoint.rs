@@ -26,7 +26,7 @@ const OWNER: &[u8] = b"bench\0op";
 const KGS: u16 = 128;
 const VALUE: usize = 100;
 /// Bytes a record takes in a segment (key, value, headers), for sizing.
-const RECORD: u64 = 16 + VALUE as u64 + 8;
+pub const RECORD: u64 = 16 + VALUE as u64 + 8;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CheckpointArgs {
@@ -98,6 +98,23 @@ pub fn run(args: CheckpointArgs) {
     }
 }
 
+/// A fresh directory for one system's data (removed when dropped).
+pub fn data_dir(args: &CheckpointArgs, prefix: &str) -> tempfile::TempDir {
+    let store_args = crate::store::StoreArgs {
+        quick: args.quick,
+        json: args.json,
+        keys: None,
+        big_keys: None,
+        big_budget_mib: None,
+        seconds: None,
+        no_big: true,
+        no_memory: true,
+        dir: args.dir.clone(),
+        reuse: None,
+    };
+    bench_dir(&store_args, prefix)
+}
+
 fn spec(id: u64, lo: u16, hi: u16) -> CheckpointSpec {
     CheckpointSpec {
         owner: OWNER.to_vec(),
@@ -121,7 +138,7 @@ fn wait_for(s: &mut Store<UringIo>, token: u64) -> Vec<u8> {
                 });
             }
         });
-        if got.is_none() {
+        if got.is_none() && !s.background_runnable() {
             let _ = s.wait(Some(Duration::from_millis(1)));
         }
     }
@@ -169,21 +186,7 @@ fn stator_size(
     write_mib: u64,
     rounds: usize,
 ) -> [u64; 5] {
-    let dir = bench_dir(
-        &crate::store::StoreArgs {
-            quick: args.quick,
-            json: args.json,
-            keys: None,
-            big_keys: None,
-            big_budget_mib: None,
-            seconds: None,
-            no_big: true,
-            no_memory: true,
-            dir: args.dir.clone(),
-            reuse: None,
-        },
-        "ckpt-",
-    );
+    let dir = data_dir(args, "ckpt-");
     let cfg = StoreConfig::new(dir.path(), 256 << 20);
     let (mut s, _) = Store::open(cfg, UringIo::new(4096, true).expect("io_uring")).expect("open");
     let keys = (mib << 20) / RECORD;

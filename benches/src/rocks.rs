@@ -214,3 +214,111 @@ pub fn larger_than_memory(
     };
     (get1, mget)
 }
+
+/// Copies every file of `from` missing (by name) in `to`; bytes copied.
+fn copy_new_files(from: &std::path::Path, to: &std::path::Path) -> u64 {
+    let mut bytes = 0;
+    for e in std::fs::read_dir(from).expect("read checkpoint dir") {
+        let e = e.expect("dir entry");
+        let dst = to.join(e.file_name());
+        if !dst.exists() {
+            bytes += std::fs::copy(e.path(), &dst).expect("copy checkpoint file");
+        }
+    }
+    // Durable, as an upload would be.
+    for e in std::fs::read_dir(to).expect("read copy dir") {
+        let _ = std::fs::File::open(e.expect("dir entry").path()).and_then(|f| f.sync_all());
+    }
+    bytes
+}
+
+/// The checkpoint suite's peer: the same state in RocksDB (partitioned
+/// index/filters, WAL off); a checkpoint is `create_checkpoint` (flush and
+/// hard links: the synchronous part) plus copying the files the previous
+/// checkpoints did not have (an incremental upload); a restore copies the
+/// checkpoint's files into a fresh directory and opens it.
+pub fn checkpoint_peer(
+    args: &crate::checkpoint::CheckpointArgs,
+    r: &mut Reporter,
+    mib: u64,
+    write_mib: u64,
+    rounds: usize,
+) {
+    const CK: &str = "checkpoint";
+    let base = crate::checkpoint::data_dir(args, "rocks-ckpt-");
+    let (dbp, remote) = (base.path().join("db"), base.path().join("remote"));
+    std::fs::create_dir_all(&remote).expect("remote dir");
+    let db = open(&dbp, 256 << 20, true);
+    let w = write_opts();
+    let keys = (mib << 20) / crate::checkpoint::RECORD;
+    let v = crate::store::value(0, 100);
+    let mut i = 0;
+    while i < keys {
+        let mut b = rocksdb::WriteBatch::default();
+        for k in i..(i + PUT_BATCH as u64).min(keys) {
+            b.put(key(k), &v);
+        }
+        db.write_opt(b, &w).expect("write");
+        i += PUT_BATCH as u64;
+    }
+    db.flush().expect("flush");
+    let mut rng = Rng(0x5eed ^ mib);
+    let per_round = (write_mib << 20) / crate::checkpoint::RECORD;
+    let (mut sync_h, mut total_h) = (histogram(), histogram());
+    let (mut sync_spent, mut total_spent, mut copied) = (Duration::ZERO, Duration::ZERO, 0u64);
+    let mut last = None;
+    for round in 1..=rounds {
+        let v = crate::store::value(round as u64, 100);
+        let mut n = 0;
+        while n < per_round {
+            let mut b = rocksdb::WriteBatch::default();
+            for _ in 0..PUT_BATCH {
+                b.put(key(rng.below(keys)), &v);
+            }
+            db.write_opt(b, &w).expect("write");
+            n += PUT_BATCH as u64;
+        }
+        let dir = base.path().join(format!("ck-{round}"));
+        let t0 = Instant::now();
+        rocksdb::checkpoint::Checkpoint::new(&db)
+            .and_then(|c| c.create_checkpoint(&dir))
+            .expect("create_checkpoint");
+        let sync = t0.elapsed();
+        copied += copy_new_files(&dir, &remote);
+        let total = t0.elapsed();
+        sync_spent += sync;
+        total_spent += total;
+        sync_h.record(sync.as_nanos() as u64).expect("in range");
+        total_h.record(total.as_nanos() as u64).expect("in range");
+        if let Some(old) = last.replace(dir) {
+            let _ = std::fs::remove_dir_all(old);
+        }
+    }
+    r.case(
+        &Case::new(CK, format!("rocksdb-sync/{mib}MiB"), rounds as u64, sync_spent)
+            .latency(sync_h),
+    );
+    r.case(
+        &Case::new(CK, format!("rocksdb-total/{mib}MiB"), rounds as u64, total_spent)
+            .latency(total_h)
+            .with("copied_mib", copied >> 20),
+    );
+    drop(db);
+    // Full-copy restore of the last checkpoint.
+    let last = last.expect("at least one round");
+    let mut h = histogram();
+    let mut spent = Duration::ZERO;
+    for rep in 0..3 {
+        let to = base.path().join(format!("restore-{rep}"));
+        std::fs::create_dir_all(&to).expect("restore dir");
+        let t0 = Instant::now();
+        copy_new_files(&last, &to);
+        let db = open(&to, 256 << 20, true);
+        let d = t0.elapsed();
+        drop(db);
+        spent += d;
+        h.record(d.as_nanos() as u64).expect("in range");
+        let _ = std::fs::remove_dir_all(&to);
+    }
+    r.case(&Case::new(CK, format!("rocksdb-restore/{mib}MiB"), 3, spent).latency(h));
+}

@@ -755,7 +755,10 @@ impl Shard {
             } else {
                 Duration::from_secs(1)
             };
-            if self.rx.is_empty() {
+            // Background work with CPU steps ready (a flush sorting and
+            // writing, a checkpoint's manifest to start) runs now, not one
+            // step per timeout.
+            if self.rx.is_empty() && !self.store.background_runnable() {
                 let _ = self.store.wait(Some(t));
             }
         }

@@ -180,6 +180,16 @@ impl<I: Io> Store<I> {
         self.retry_at = Some(Instant::now() + self.cfg.retry_delay);
     }
 
+    /// Whether background work can take a step now without waiting for
+    /// I/O (a flush to start or to sort and write, a checkpoint manifest
+    /// to start): a caller with nothing else to do should poll again
+    /// rather than wait.
+    pub fn background_runnable(&self) -> bool {
+        self.retry_at.is_none()
+            && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| !j.syncing)
+                || self.checkpoint_runnable())
+    }
+
     /// Runs background work until flushes and compactions are finished.
     pub fn settle(&mut self) {
         self.drain(true, |_, _| {});

@@ -348,6 +348,14 @@ impl<I: Io> Store<I> {
         }
     }
 
+    /// Whether a checkpoint's manifest write can start.
+    pub(super) fn checkpoint_runnable(&self) -> bool {
+        self.ckpt
+            .pending
+            .iter()
+            .any(|(_, p)| p.phase == Phase::Flushing && p.waiting.is_empty())
+    }
+
     /// Starts the manifest write of every checkpoint whose layers are all
     /// segments now.
     pub(super) fn step_checkpoints(&mut self) {
