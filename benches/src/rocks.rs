@@ -295,13 +295,23 @@ pub fn checkpoint_peer(
         }
     }
     r.case(
-        &Case::new(CK, format!("rocksdb-sync/{mib}MiB"), rounds as u64, sync_spent)
-            .latency(sync_h),
+        &Case::new(
+            CK,
+            format!("rocksdb-sync/{mib}MiB"),
+            rounds as u64,
+            sync_spent,
+        )
+        .latency(sync_h),
     );
     r.case(
-        &Case::new(CK, format!("rocksdb-total/{mib}MiB"), rounds as u64, total_spent)
-            .latency(total_h)
-            .with("copied_mib", copied >> 20),
+        &Case::new(
+            CK,
+            format!("rocksdb-total/{mib}MiB"),
+            rounds as u64,
+            total_spent,
+        )
+        .latency(total_h)
+        .with("copied_mib", copied >> 20),
     );
     drop(db);
     // Full-copy restore of the last checkpoint.

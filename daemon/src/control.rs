@@ -404,6 +404,10 @@ fn open(
     if job.is_empty() || operator.is_empty() {
         return bad("job and operator ids must not be empty".into());
     }
+    if job.contains('\0') || operator.contains('\0') {
+        // `job \0 operator` names whose checkpoints these are.
+        return bad("job and operator ids must not contain NUL".into());
+    }
     if max_parallelism == 0 || max_parallelism > MAX_PARALLELISM {
         return bad(format!(
             "max parallelism {max_parallelism} is not in 1..={MAX_PARALLELISM}"

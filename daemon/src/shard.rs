@@ -210,6 +210,7 @@ fn status_of(e: &StoreError) -> Status {
         StoreError::Invalid(_) => Status::BadArgument,
         StoreError::Dir { .. } => Status::Internal,
         StoreError::Restore(_) => Status::BadArgument,
+        StoreError::Limit(_) => Status::Busy,
     }
 }
 

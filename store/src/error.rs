@@ -36,6 +36,8 @@ pub enum StoreError {
     },
     #[error("invalid argument: {0}")]
     Invalid(&'static str),
+    #[error("limit reached: {0}")]
+    Limit(String),
     #[error("restore refused: {0}")]
     Restore(String),
     #[error("the store directory {path} cannot be used: {msg}")]

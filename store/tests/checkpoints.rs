@@ -418,6 +418,10 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
         "files nothing references were left behind"
     );
     check(&mut s, &m, "after subsuming everything");
+    // And it all opens again (restored layers whose checkpoints are gone).
+    drop(s);
+    let mut s = open(dir.path(), true, mk);
+    check(&mut s, &m, "reopened after subsuming everything");
 }
 
 proptest! {

@@ -125,7 +125,10 @@ impl<I: Io> Store<I> {
         if self.flush.is_some() {
             self.step_flush();
         }
-        if self.compact.is_none() && self.flush.is_none() {
+        // Not while a memtable waits for its flush: its segment may fall
+        // between a window's inputs in order (restored layers are newer
+        // than memtables frozen before the restore).
+        if self.compact.is_none() && self.flush.is_none() && self.frozen.is_empty() {
             self.maybe_start_compaction();
         }
         if self.compact.is_some() {
@@ -186,7 +189,10 @@ impl<I: Io> Store<I> {
     /// rather than wait.
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
-            && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| !j.syncing)
+            && (self
+                .flush
+                .as_ref()
+                .map_or(!self.frozen.is_empty(), |j| !j.syncing)
                 || self.checkpoint_runnable())
     }
 

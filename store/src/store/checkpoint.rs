@@ -20,6 +20,11 @@
 use super::*;
 use crate::manifest::{self, Handle, LayerRef, Manifest, intersect, state_set};
 
+/// Checkpoints of one owner that may be in progress or retained without a
+/// completion at once: each pins segments, so a client that never completes
+/// or aborts is refused (`StoreError::Limit`) rather than filling the disk.
+pub const MAX_UNCOMPLETED: usize = 64;
+
 /// What to checkpoint.
 #[derive(Clone, Debug)]
 pub struct CheckpointSpec {
@@ -211,6 +216,23 @@ impl<I: Io> Store<I> {
             return Err(StoreError::Invalid(
                 "checkpoint owner or metadata too large",
             ));
+        }
+        let open = self
+            .ckpt
+            .retained
+            .values()
+            .filter(|r| r.owner == spec.owner && !r.completed)
+            .count()
+            + self
+                .ckpt
+                .pending
+                .iter()
+                .filter(|(_, p)| p.manifest.owner == spec.owner)
+                .count();
+        if open >= MAX_UNCOMPLETED {
+            return Err(StoreError::Limit(format!(
+                "{open} checkpoints of this owner are neither completed nor aborted"
+            )));
         }
         self.freeze();
         let states = state_set(spec.states);
@@ -514,7 +536,8 @@ impl<I: Io> Store<I> {
                         // without it a manifest found at open is pending).
                         let _ = std::fs::File::create(
                             self.cfg.dir.join(manifest::completed_name(*seq)),
-                        );
+                        )
+                        .and_then(|f| f.sync_all());
                     }
                 }
                 let mut ids: Vec<u64> = self

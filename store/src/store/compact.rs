@@ -300,19 +300,19 @@ impl<I: Io> Store<I> {
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let out = Rc::new(j.writer.into_segment(id));
-        let pos = self
-            .segments
-            .iter()
-            .position(|s| s.id == j.inputs[0].id)
-            .expect("inputs stay in the list while compacting");
-        let n = j.inputs.len();
-        debug_assert!(
-            self.segments[pos..pos + n]
-                .iter()
-                .zip(&j.inputs)
-                .all(|(a, b)| a.id == b.id)
+        // The inputs leave by id and the output goes where its order says.
+        let ids: Vec<u64> = j.inputs.iter().map(|s| s.id).collect();
+        let (removed, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
+            .into_iter()
+            .partition(|s| ids.contains(&s.id));
+        debug_assert_eq!(
+            removed.len(),
+            ids.len(),
+            "inputs stay in the list while compacting"
         );
-        let removed: Vec<Rc<Segment>> = self.segments.splice(pos..pos + n, [out]).collect();
+        self.segments = kept;
+        self.segments.push(out);
+        sort_layers(&mut self.segments);
         // The inputs' files go only after the output's directory entry is
         // durable, or a crash could find neither.
         self.awaiting_dir_sync.extend(removed);

@@ -14,7 +14,10 @@ impl<I: Io> Store<I> {
             tag(TAG_FLUSH_WRITE, 0),
         ) {
             Ok(w) => w,
-            Err(e) => return self.background_failed(e),
+            Err(e) => {
+                self.fail_flush_waiters(&e);
+                return self.background_failed(e);
+            }
         };
         // Every record is written, even those a mask hides: reads apply
         // masks by order, and a checkpoint taken before the mask was added

@@ -525,9 +525,23 @@ impl<I: Io> Store<I> {
                 keep.push(i);
             }
         }
-        // Manifests of retained checkpoints pin the segments they name:
-        // those stay on disk even when compaction superseded them.
+        // Manifests of retained checkpoints pin the segments they name, and
+        // restored layers (`LAYERS`) name theirs: those stay on disk even
+        // when compaction superseded their own layer. An import a completed
+        // compaction merged (the list is rewritten lazily) is dropped: the
+        // output holds its records, and its file may be gone.
         let ckpt = checkpoint::Checkpoints::load(&cfg.dir, &mut report)?;
+        let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
+        let (merged, imports): (Vec<ImportRec>, Vec<ImportRec>) =
+            imports.into_iter().partition(|imp| {
+                keep.iter().any(|&j| {
+                    let by = &segs[j].footer;
+                    by.generation > imp.generation
+                        && by.min_order <= imp.order
+                        && imp.order <= by.order
+                })
+            });
+        rewrite |= !merged.is_empty();
         let mut live: Vec<Rc<Segment>> = Vec::new();
         let mut superseded_kept = Vec::new();
         for (i, s) in segs.into_iter().enumerate() {
@@ -535,7 +549,8 @@ impl<I: Io> Store<I> {
                 live.push(Rc::new(s));
             } else {
                 io.close(s.file);
-                if ckpt.pinned(&s.name()) {
+                let name = s.name();
+                if ckpt.pinned(&name) || imports.iter().any(|imp| imp.name == name) {
                     superseded_kept.push(s.footer);
                 } else {
                     let _ = std::fs::remove_file(&s.path);
@@ -548,21 +563,9 @@ impl<I: Io> Store<I> {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| dir_err(e.to_string()))?;
         }
-        let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
         // Segments a restore references, under the order the restore gave
-        // them; one a completed compaction merged is superseded by it.
+        // them.
         for imp in imports {
-            // Merged by a completed compaction (the list is rewritten
-            // lazily): the output holds its records, the file may be gone.
-            let merged = live.iter().any(|by| {
-                by.footer.generation > imp.generation
-                    && by.footer.min_order <= imp.order
-                    && imp.order <= by.footer.order
-            });
-            if merged {
-                rewrite = true;
-                continue;
-            }
             let path = cfg.dir.join(&imp.name);
             let mut seg =
                 Self::open_segment(&mut io, &path, next_id, &mut Vec::new()).map_err(|e| {

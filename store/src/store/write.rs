@@ -123,9 +123,13 @@ impl<I: Io> Store<I> {
             .into_iter()
             .partition(hidden);
         self.segments = kept;
+        // A mask of the same region with a newer max_order replaces an
+        // older one (repeated restores of one range do not pile up masks).
+        let before = self.kg_deletes.clone();
+        self.kg_deletes.retain(|d| d.region != m.region);
         self.kg_deletes.push(m);
         if let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments) {
-            self.kg_deletes.pop();
+            self.kg_deletes = before;
             self.segments.extend(gone);
             sort_layers(&mut self.segments);
             return Err(e);
