@@ -393,6 +393,22 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         }
         other => panic!("{other:?}"),
     }
+    // A NUL in a job name (it would alias another job's checkpoints); a
+    // restore before open; a restore of nothing.
+    let e = Session::open(&d.socket, &opts("a\0b", 0, 1))
+        .err()
+        .expect("NUL refused");
+    assert!(e.to_string().contains("NUL"), "{e}");
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    Request::Restore {
+        handles: vec![vec![0; 24]],
+    }
+    .encode(&mut f);
+    s.write_all(&f).unwrap();
+    refused(read_resp(&mut s), status::STATE);
+    let mut r = Session::open(&d.socket, &opts("restorer", 0, 1)).unwrap();
+    let e = r.restore(&[]).expect_err("no handles");
+    assert!(e.to_string().contains("at least one handle"), "{e}");
     // A state name reused with another kind.
     let mut a = Session::open(&d.socket, &opts("kinds", 0, 1)).unwrap();
     a.register("x", Kind::Value).unwrap();

@@ -676,9 +676,17 @@ impl Shard {
             pending,
             ..
         } = self;
+        let mut orphans: Vec<Vec<u8>> = Vec::new();
         let n = store.poll(|tok, res| {
             let p = pending.remove(tok as usize);
             let Some(&slot) = by_id.get(&p.session) else {
+                // A checkpoint whose session closed before it completed:
+                // no one holds its handle, so it can never be completed.
+                if p.op == Opcode::Checkpoint
+                    && let Ok(Output::Value(Some(h))) = res
+                {
+                    orphans.push(h.to_vec());
+                }
                 return;
             };
             let s = &mut sessions[slot];
@@ -692,6 +700,9 @@ impl Shard {
                 s.broken = true;
             }
         });
+        for h in orphans {
+            self.store.discard_checkpoint(&h);
+        }
         n > 0
     }
 

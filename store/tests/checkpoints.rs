@@ -439,3 +439,40 @@ proptest! {
         run_case(ops, || UringIo::new(64, true).unwrap());
     }
 }
+
+/// A checkpoint whose taker is gone is discarded (unless it completed):
+/// its handle is refused afterwards and its pins are released.
+#[test]
+fn discarded_checkpoints_are_gone_and_completed_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    let k = (0usize, 1u16, 0u8);
+    run(&mut s, Op::Put(kr(&k, 0), b"v")).unwrap();
+    let spec = |id| CheckpointSpec {
+        owner: OWNERS[0].to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: KGS - 1,
+        states: STATES[0].to_vec(),
+        meta: Vec::new(),
+    };
+    let h1 = checkpoint(&mut s, spec(1)).unwrap();
+    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    assert!(s.discard_checkpoint(&h1), "an uncompleted checkpoint goes");
+    assert!(!s.discard_checkpoint(&h1), "only once");
+    s.checkpoint_notify(OWNERS[0], 2, Notify::Complete);
+    assert!(!s.discard_checkpoint(&h2), "a completed checkpoint stays");
+    assert_eq!(s.stats().checkpoints_retained, 1);
+    let rs = RestoreSpec {
+        owner: OWNERS[0],
+        lo: 0,
+        hi: KGS - 1,
+        states: &STATES[0],
+    };
+    assert!(matches!(s.restore(rs, &[&h1]), Err(StoreError::Restore(_))));
+    s.restore(rs, &[&h2]).unwrap();
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k, 0))).unwrap(),
+        Owned::Value(Some(b"v".to_vec()))
+    );
+}

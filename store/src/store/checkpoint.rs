@@ -574,14 +574,35 @@ impl<I: Io> Store<I> {
                 .collect(),
         };
         for seq in &doomed {
-            let r = self.ckpt.retained.remove(seq).expect("listed above");
-            let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(*seq)));
-            let _ = std::fs::remove_file(self.cfg.dir.join(manifest::completed_name(*seq)));
-            for f in &r.files {
-                self.unpin(f);
-            }
+            self.delete_manifest(*seq);
         }
         doomed.len()
+    }
+
+    /// Deletes the checkpoint a handle names unless it completed (its
+    /// taker is gone and nobody else holds the handle). Whether it did.
+    pub fn discard_checkpoint(&mut self, handle: &[u8]) -> bool {
+        let Ok(h) = Handle::decode(handle) else {
+            return false;
+        };
+        match self.ckpt.retained.get(&h.seq) {
+            Some(r) if r.crc == h.manifest_crc && !r.completed => {}
+            _ => return false,
+        }
+        self.delete_manifest(h.seq);
+        true
+    }
+
+    /// Deletes manifest `seq` (file and marker) and unpins its segments.
+    fn delete_manifest(&mut self, seq: u64) {
+        let Some(r) = self.ckpt.retained.remove(&seq) else {
+            return;
+        };
+        let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(seq)));
+        let _ = std::fs::remove_file(self.cfg.dir.join(manifest::completed_name(seq)));
+        for f in &r.files {
+            self.unpin(f);
+        }
     }
 
     /// Reads and checks the manifest a handle names.
