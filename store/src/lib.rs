@@ -14,6 +14,8 @@
 //! - [`manifest`]: checkpoint manifests and handles; [`Store::checkpoint`],
 //!   [`Store::restore`] and [`Store::checkpoint_notify`] make checkpoints
 //!   metadata and restores references (FORMAT.md §10–§12).
+//! - [`snapshot`]: portable snapshot chunks (key-group frames of records
+//!   as stored, 4 MiB chunks with CRC32C), encoder and checking decoder.
 //! - [`io`]: the I/O layer (io_uring, pread/pwrite, fault injection).
 //!
 //! What it must never do: return bytes that failed their checksum, lose a
@@ -35,6 +37,7 @@ pub mod manifest;
 pub mod memtable;
 pub mod ops;
 pub mod segment;
+pub mod snapshot;
 mod store;
 
 pub use error::StoreError;

@@ -154,3 +154,87 @@ fn checkpoint_version_1_fixture_restores_exactly() {
     copy_dir(&fixture, d.path());
     check(d.path());
 }
+
+/// The records of the snapshot fixture: three key groups, one larger than
+/// its chunks.
+fn snapshot_records() -> Vec<(u16, Vec<u8>, Vec<u8>)> {
+    let mut r = Vec::new();
+    for kg in [1u16, 5, 6] {
+        let n = if kg == 5 { 40 } else { 3 };
+        for i in 0..n {
+            let mut k = Vec::new();
+            stator_store::keys::encode_base(&mut k, kg, 7, &(i as u32).to_be_bytes(), b"ns");
+            r.push((kg, k, vec![kg as u8 ^ i as u8; 100 + i]));
+        }
+    }
+    r
+}
+
+#[test]
+fn snapshot_chunk_version_1_fixture_decodes_exactly() {
+    use stator_store::format::Kind;
+    use stator_store::snapshot::{ChunkDecoder, ChunkEncoder};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/snapshot-v1");
+    let recs = snapshot_records();
+    if std::env::var_os("STATOR_WRITE_FIXTURES").is_some() {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut e = ChunkEncoder::new(0x5eed);
+        let mut slot = vec![0u8; 1024];
+        let mut n = 0;
+        let mut emit = |e: &mut ChunkEncoder, slot: &mut Vec<u8>, mut b: &[u8], last: bool| {
+            loop {
+                let w = e.put(slot, b);
+                b = &b[w..];
+                if b.is_empty() && !last {
+                    return;
+                }
+                let len = e.end(slot, b.is_empty() && last);
+                std::fs::write(dir.join(format!("chunk-{n:03}")), &slot[..len]).unwrap();
+                n += 1;
+                if b.is_empty() {
+                    return;
+                }
+            }
+        };
+        e.begin();
+        for (kg, k, v) in &recs {
+            if let Some(h) = e.group_header(*kg) {
+                emit(&mut e, &mut slot, &h, false);
+            }
+            let mut r = vec![Kind::Put as u8, 0];
+            r.extend_from_slice(&(k.len() as u16).to_le_bytes());
+            r.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            r.extend_from_slice(k);
+            r.extend_from_slice(v);
+            emit(&mut e, &mut slot, &r, false);
+        }
+        emit(&mut e, &mut slot, &[], true);
+    }
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("snapshot fixture")
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    assert!(names.len() > 3, "fixture missing or too small");
+    let mut d = ChunkDecoder::new(0, 5);
+    let mut got = Vec::new();
+    for p in &names {
+        d.feed(&std::fs::read(p).unwrap(), |kind, k, v| {
+            assert_eq!(kind, Kind::Put);
+            got.push((k.to_vec(), v.to_vec()));
+        })
+        .unwrap();
+    }
+    let stats = d.finish().unwrap();
+    let want: Vec<_> = recs
+        .iter()
+        .filter(|(kg, _, _)| *kg <= 5)
+        .map(|(_, k, v)| (k.clone(), v.clone()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        (stats.groups, stats.skipped_groups, stats.skipped_records),
+        (3, 1, 3)
+    );
+}
