@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Owned, checkpoint, run, settle_fully};
+use common::{Owned, checkpoint, copy_dir, run, settle_fully};
 use stator_store::io::SyncIo;
 use stator_store::manifest::{Handle, Manifest};
 use stator_store::{CheckpointSpec, KeyRef, Notify, Op, RestoreSpec, Store, StoreConfig};
@@ -127,13 +127,6 @@ fn check(dir: &Path) {
     for i in 0..100u32 {
         let want = Owned::Value(Some(in_two(i).into_bytes()));
         assert_eq!(run(&mut s, Op::Get(kr(&key(i)))).unwrap(), want, "h2 {i}");
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
 }
 

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Owned, run, settle_fully};
+use common::{Owned, copy_dir, run, settle_fully};
 use stator_store::io::SyncIo;
 use stator_store::ops::encode_element;
 use stator_store::{IterMode, KeyRef, Op, StateKind, Store, StoreConfig};
@@ -145,13 +145,6 @@ fn check(dir: &Path) {
         run(&mut s, Op::MapGet(CLEARED, &[7])).unwrap(),
         Owned::Value(Some(b"after-clear".to_vec()))
     );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
 }
 
 #[test]

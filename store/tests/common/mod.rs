@@ -94,3 +94,11 @@ pub fn checkpoint<I: Io>(s: &mut Store<I>, spec: CheckpointSpec) -> Result<Vec<u
     }
     got.unwrap()
 }
+
+/// Copies the files of `from` into `to` (a fixture, to open a copy).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
