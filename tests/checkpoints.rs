@@ -28,8 +28,8 @@ fn open(d: &Daemon, job: &str, i: u32, p: u32) -> (Session, ValueState) {
     (s, st)
 }
 
-/// Puts `model` entries of the session's key groups, then checkpoints
-/// with `id` in the same batch: the handle.
+/// Puts the entries of `m` that fall in the session's key groups and waits
+/// for every acknowledgement.
 fn put_all(s: &mut Session, st: ValueState, m: &BTreeMap<u64, u64>) {
     let (lo, hi) = s.key_groups();
     let mut n = 0;

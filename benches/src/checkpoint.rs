@@ -98,23 +98,6 @@ pub fn run(args: CheckpointArgs) {
     }
 }
 
-/// A fresh directory for one system's data (removed when dropped).
-pub fn data_dir(args: &CheckpointArgs, prefix: &str) -> tempfile::TempDir {
-    let store_args = crate::store::StoreArgs {
-        quick: args.quick,
-        json: args.json,
-        keys: None,
-        big_keys: None,
-        big_budget_mib: None,
-        seconds: None,
-        no_big: true,
-        no_memory: true,
-        dir: args.dir.clone(),
-        reuse: None,
-    };
-    bench_dir(&store_args, prefix)
-}
-
 fn spec(id: u64, lo: u16, hi: u16) -> CheckpointSpec {
     CheckpointSpec {
         owner: OWNER.to_vec(),
@@ -145,24 +128,23 @@ fn wait_for(s: &mut Store<UringIo>, token: u64) -> Vec<u8> {
     got.expect("set above")
 }
 
-/// `n` puts of random keys below `keys`, batched.
-fn write(s: &mut Store<UringIo>, rng: &mut Rng, keys: u64, n: u64, round: u64) {
+/// `n` puts of the keys `next` gives, through `submit_batch`, polling
+/// between batches so background work keeps pace.
+fn puts(s: &mut Store<UringIo>, n: u64, v: &[u8], mut next: impl FnMut() -> u64) {
     let tokens: Vec<u64> = (0..PUT_BATCH as u64).collect();
     let mut kbs = vec![[0u8; 8]; PUT_BATCH];
-    let v = value(round, VALUE);
     let mut done = 0;
     while done < n {
         let m = PUT_BATCH.min((n - done) as usize);
-        let ids: Vec<u64> = (0..m).map(|_| rng.below(keys)).collect();
+        let ids: Vec<u64> = (0..m).map(|_| next()).collect();
         let ops: Vec<Op<'_>> = ids
             .iter()
             .zip(kbs.iter_mut())
-            .map(|(&i, kb)| Op::Put(skey(i, kb), &v))
+            .map(|(&i, kb)| Op::Put(skey(i, kb), v))
             .collect();
         s.submit_batch(&tokens[..m], &ops, |_, r| {
             r.expect("put");
         });
-        // Background work (flushes, compaction) keeps pace with the writes.
         s.poll(|_, _| {});
         done += m as u64;
     }
@@ -186,27 +168,16 @@ fn stator_size(
     write_mib: u64,
     rounds: usize,
 ) -> [u64; 5] {
-    let dir = data_dir(args, "ckpt-");
+    let dir = bench_dir(args.dir.as_deref(), "ckpt-");
     let cfg = StoreConfig::new(dir.path(), 256 << 20);
     let (mut s, _) = Store::open(cfg, UringIo::new(4096, true).expect("io_uring")).expect("open");
     let keys = (mib << 20) / RECORD;
     let t = Instant::now();
-    let tokens: Vec<u64> = (0..PUT_BATCH as u64).collect();
-    let v = value(0, VALUE);
-    let mut kbs = vec![[0u8; 8]; PUT_BATCH];
-    let mut i = 0;
-    while i < keys {
-        let m = PUT_BATCH.min((keys - i) as usize);
-        let ops: Vec<Op<'_>> = (i..i + m as u64)
-            .zip(kbs.iter_mut())
-            .map(|(k, kb)| Op::Put(skey(k, kb), &v))
-            .collect();
-        s.submit_batch(&tokens[..m], &ops, |_, r| {
-            r.expect("put");
-        });
-        s.poll(|_, _| {});
-        i += m as u64;
-    }
+    let mut next = 0;
+    puts(&mut s, keys, &value(0, VALUE), || {
+        next += 1;
+        next - 1
+    });
     s.flush();
     settle(&mut s);
     let load = t.elapsed();
@@ -222,7 +193,7 @@ fn stator_size(
     let (mut sync_spent, mut total_spent) = (Duration::ZERO, Duration::ZERO);
     let mut handle = Vec::new();
     for round in 1..=rounds as u64 {
-        write(&mut s, &mut rng, keys, per_round, round);
+        puts(&mut s, per_round, &value(round, VALUE), || rng.below(keys));
         let t0 = Instant::now();
         s.checkpoint(round, spec(round, 0, KGS - 1))
             .expect("checkpoint");

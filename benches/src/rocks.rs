@@ -51,7 +51,7 @@ fn write_opts() -> WriteOptions {
 
 /// In-memory: returns (get ops/s, put ops/s, batched put ops/s).
 pub fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64, v100: &[Vec<u8>]) -> (f64, f64, f64) {
-    let dir = super::store::bench_dir(args, "rocks-mem-");
+    let dir = super::store::bench_dir(args.dir.as_deref(), "rocks-mem-");
     let db = open(dir.path(), (n as usize * 400).max(256 << 20), false);
     let w = write_opts();
     // The same load as Stator's: one put at a time, then batches.
@@ -156,7 +156,7 @@ pub fn larger_than_memory(
     secs: u64,
     v256: &[Vec<u8>],
 ) -> (f64, f64) {
-    let dir = super::store::bench_dir(args, "rocks-big-");
+    let dir = super::store::bench_dir(args.dir.as_deref(), "rocks-big-");
     let (get1, mget) = {
         let db = open(dir.path(), budget, true);
         let w = write_opts();
@@ -215,6 +215,19 @@ pub fn larger_than_memory(
     (get1, mget)
 }
 
+/// `n` puts of the keys `next` gives, in `WriteBatch`es of `PUT_BATCH`.
+fn rocks_puts(db: &DB, w: &WriteOptions, n: u64, v: &[u8], mut next: impl FnMut() -> u64) {
+    let mut done = 0;
+    while done < n {
+        let mut b = rocksdb::WriteBatch::default();
+        for _ in 0..(PUT_BATCH as u64).min(n - done) {
+            b.put(key(next()), v);
+        }
+        db.write_opt(b, w).expect("write");
+        done += PUT_BATCH as u64;
+    }
+}
+
 /// Copies every file of `from` missing (by name) in `to`; bytes copied.
 fn copy_new_files(from: &std::path::Path, to: &std::path::Path) -> u64 {
     let mut bytes = 0;
@@ -223,11 +236,11 @@ fn copy_new_files(from: &std::path::Path, to: &std::path::Path) -> u64 {
         let dst = to.join(e.file_name());
         if !dst.exists() {
             bytes += std::fs::copy(e.path(), &dst).expect("copy checkpoint file");
+            // Durable, as an upload would be.
+            std::fs::File::open(&dst)
+                .and_then(|f| f.sync_all())
+                .expect("sync copied file");
         }
-    }
-    // Durable, as an upload would be.
-    for e in std::fs::read_dir(to).expect("read copy dir") {
-        let _ = std::fs::File::open(e.expect("dir entry").path()).and_then(|f| f.sync_all());
     }
     bytes
 }
@@ -245,22 +258,18 @@ pub fn checkpoint_peer(
     rounds: usize,
 ) {
     const CK: &str = "checkpoint";
-    let base = crate::checkpoint::data_dir(args, "rocks-ckpt-");
+    let base = crate::store::bench_dir(args.dir.as_deref(), "rocks-ckpt-");
     let (dbp, remote) = (base.path().join("db"), base.path().join("remote"));
     std::fs::create_dir_all(&remote).expect("remote dir");
     let db = open(&dbp, 256 << 20, true);
     let w = write_opts();
     let keys = (mib << 20) / crate::checkpoint::RECORD;
     let v = crate::store::value(0, 100);
-    let mut i = 0;
-    while i < keys {
-        let mut b = rocksdb::WriteBatch::default();
-        for k in i..(i + PUT_BATCH as u64).min(keys) {
-            b.put(key(k), &v);
-        }
-        db.write_opt(b, &w).expect("write");
-        i += PUT_BATCH as u64;
-    }
+    let mut next = 0;
+    rocks_puts(&db, &w, keys, &v, || {
+        next += 1;
+        next - 1
+    });
     db.flush().expect("flush");
     let mut rng = Rng(0x5eed ^ mib);
     let per_round = (write_mib << 20) / crate::checkpoint::RECORD;
@@ -269,15 +278,7 @@ pub fn checkpoint_peer(
     let mut last = None;
     for round in 1..=rounds {
         let v = crate::store::value(round as u64, 100);
-        let mut n = 0;
-        while n < per_round {
-            let mut b = rocksdb::WriteBatch::default();
-            for _ in 0..PUT_BATCH {
-                b.put(key(rng.below(keys)), &v);
-            }
-            db.write_opt(b, &w).expect("write");
-            n += PUT_BATCH as u64;
-        }
+        rocks_puts(&db, &w, per_round, &v, || rng.below(keys));
         let dir = base.path().join(format!("ck-{round}"));
         let t0 = Instant::now();
         rocksdb::checkpoint::Checkpoint::new(&db)

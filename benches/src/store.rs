@@ -173,13 +173,11 @@ pub(crate) fn value(i: u64, len: usize) -> Vec<u8> {
     v
 }
 
-/// A fresh directory for one system's data (removed when dropped).
-pub fn bench_dir(args: &StoreArgs, name: &str) -> tempfile::TempDir {
-    let base = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/bench-data"));
-    std::fs::create_dir_all(&base).expect("create bench data dir");
+/// A fresh directory for one system's data under `base` (default
+/// `./target/bench-data`), removed when dropped.
+pub fn bench_dir(base: Option<&Path>, name: &str) -> tempfile::TempDir {
+    let base = base.unwrap_or(Path::new("target/bench-data"));
+    std::fs::create_dir_all(base).expect("create bench data dir");
     tempfile::Builder::new()
         .prefix(name)
         .tempdir_in(base)
@@ -227,7 +225,7 @@ struct Ratios {
 }
 
 fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
-    let dir = bench_dir(args, "mem-");
+    let dir = bench_dir(args.dir.as_deref(), "mem-");
     let mut cfg = StoreConfig::new(dir.path(), (n as usize * 700).max(256 << 20));
     cfg.memtable_bytes = Some(n as usize * 300);
     let (mut s, _) =
@@ -507,7 +505,7 @@ fn larger_than_memory(args: &StoreArgs, r: &mut Reporter, n: u64, budget: usize,
             p.clone()
         }
         None => {
-            tmp = bench_dir(args, "big-");
+            tmp = bench_dir(args.dir.as_deref(), "big-");
             tmp.path().to_path_buf()
         }
     };

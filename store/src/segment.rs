@@ -54,6 +54,21 @@ impl Segment {
             .unwrap_or_default()
     }
 
+    /// The same file as another layer: a new id and file handle, the
+    /// parsed index and filter shared (no clip yet).
+    pub fn another_layer(&self, id: u64, file: FileId) -> Segment {
+        Segment {
+            id,
+            path: self.path.clone(),
+            file,
+            footer: self.footer,
+            index: self.index.clone(),
+            filter: self.filter.clone(),
+            file_len: self.file_len,
+            clip: None,
+        }
+    }
+
     /// Whether the clip hides `key`.
     #[inline]
     pub fn clipped(&self, key: &[u8]) -> bool {

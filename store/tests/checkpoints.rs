@@ -476,3 +476,81 @@ fn discarded_checkpoints_are_gone_and_completed_ones_stay() {
         Owned::Value(Some(b"v".to_vec()))
     );
 }
+
+/// Manifests torn or corrupted on disk: at open they are set aside and
+/// reported, their handles are refused with a clear error, and the state
+/// is intact. One corrupted while the store runs is refused too.
+#[test]
+fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
+    use stator_store::manifest::{Handle, file_name};
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    let spec = |id| CheckpointSpec {
+        owner: OWNERS[0].to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: KGS - 1,
+        states: STATES[0].to_vec(),
+        meta: Vec::new(),
+    };
+    let rs = RestoreSpec {
+        owner: OWNERS[0],
+        lo: 0,
+        hi: KGS - 1,
+        states: &STATES[0],
+    };
+    let (k1, k2) = ((0usize, 1u16, 0u8), (0usize, 2u16, 1u8));
+    run(&mut s, Op::Put(kr(&k1, 0), b"one")).unwrap();
+    let h1 = checkpoint(&mut s, spec(1)).unwrap();
+    run(&mut s, Op::Put(kr(&k2, 0), b"two")).unwrap();
+    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    let h3 = checkpoint(&mut s, spec(3)).unwrap();
+    drop(s);
+    let path = |h: &[u8]| dir.path().join(file_name(Handle::decode(h).unwrap().seq));
+    // Torn (cut short) and corrupted (one flipped bit in the body).
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path(&h1))
+        .unwrap();
+    f.set_len(100).unwrap();
+    let mut b = std::fs::read(path(&h2)).unwrap();
+    b[60] ^= 0x04;
+    std::fs::write(path(&h2), &b).unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 2 << 30);
+    cfg.memtable_bytes = Some(1 << 30);
+    let (mut s, rep) = Store::open(cfg, SyncIo::new(true)).unwrap();
+    assert_eq!(rep.manifests, 1, "{rep:?}");
+    assert_eq!(rep.torn.len(), 2, "{rep:?}");
+    assert!(
+        rep.torn
+            .iter()
+            .all(|(p, why)| { p.to_string_lossy().ends_with(".manifest.torn") && !why.is_empty() })
+    );
+    for h in [&h1, &h2] {
+        match s.restore(rs, &[h]) {
+            Err(StoreError::Restore(m)) => assert!(m.contains("no checkpoint manifest"), "{m}"),
+            other => panic!("a torn checkpoint restored: {other:?}"),
+        }
+    }
+    let want = |s: &mut Store<SyncIo>| {
+        assert_eq!(
+            run(s, Op::Get(kr(&k1, 0))).unwrap(),
+            Owned::Value(Some(b"one".to_vec()))
+        );
+        assert_eq!(
+            run(s, Op::Get(kr(&k2, 0))).unwrap(),
+            Owned::Value(Some(b"two".to_vec()))
+        );
+    };
+    want(&mut s);
+    // Corrupted while the store runs: refused at restore, nothing changes.
+    let mut b = std::fs::read(path(&h3)).unwrap();
+    b[70] ^= 0x01;
+    std::fs::write(path(&h3), &b).unwrap();
+    let r = s.restore(rs, &[&h3]);
+    assert!(
+        matches!(&r, Err(StoreError::Corrupt { what, .. }) if what.contains("checksum")),
+        "{r:?}"
+    );
+    want(&mut s);
+}

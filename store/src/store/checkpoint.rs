@@ -508,7 +508,7 @@ impl<I: Io> Store<I> {
             .iter()
             .chain(&self.retired)
             .chain(&self.awaiting_dir_sync)
-            .any(|s| s.name() == name);
+            .any(|s| s.path.file_name().is_some_and(|n| n == name));
         let writing = self
             .flush
             .as_ref()
@@ -662,16 +662,7 @@ impl<I: Io> Store<I> {
             .io
             .open(path, OpenMode::Read)
             .map_err(|e| StoreError::io(path, "open", &e))?;
-        Ok(Segment {
-            id,
-            path: path.to_path_buf(),
-            file,
-            footer: k.footer,
-            index: k.index.clone(),
-            filter: k.filter.clone(),
-            file_len: k.file_len,
-            clip: None,
-        })
+        Ok(k.another_layer(id, file))
     }
 
     /// Replaces `spec.owner`'s state in key groups `spec.lo..=spec.hi` by

@@ -509,9 +509,12 @@ impl<I: Io> Store<I> {
         // A completed compaction supersedes the inputs whose orders it
         // covers with a lower generation (a crash can leave both).
         let covered = |s: &Segment, by: &Segment| {
-            by.footer.generation > s.footer.generation
-                && by.footer.min_order <= s.footer.min_order
-                && s.footer.order <= by.footer.order
+            supersedes(
+                &by.footer,
+                s.footer.generation,
+                s.footer.min_order,
+                s.footer.order,
+            )
         };
         let mut keep = Vec::new();
         for (i, s) in segs.iter().enumerate() {
@@ -534,12 +537,8 @@ impl<I: Io> Store<I> {
         let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
         let (merged, imports): (Vec<ImportRec>, Vec<ImportRec>) =
             imports.into_iter().partition(|imp| {
-                keep.iter().any(|&j| {
-                    let by = &segs[j].footer;
-                    by.generation > imp.generation
-                        && by.min_order <= imp.order
-                        && imp.order <= by.order
-                })
+                keep.iter()
+                    .any(|&j| supersedes(&segs[j].footer, imp.generation, imp.order, imp.order))
             });
         rewrite |= !merged.is_empty();
         let mut live: Vec<Rc<Segment>> = Vec::new();
@@ -567,13 +566,24 @@ impl<I: Io> Store<I> {
         // them.
         for imp in imports {
             let path = cfg.dir.join(&imp.name);
-            let mut seg =
-                Self::open_segment(&mut io, &path, next_id, &mut Vec::new()).map_err(|e| {
-                    StoreError::Restore(format!(
-                        "{} names {} for a restored state, which cannot be opened: {e}",
-                        LAYERS_FILE, imp.name
-                    ))
-                })?;
+            let cannot = |e: StoreError| {
+                StoreError::Restore(format!(
+                    "{} names {} for a restored state, which cannot be opened: {e}",
+                    LAYERS_FILE, imp.name
+                ))
+            };
+            // A file that is also a layer of its own shares its metadata.
+            let mut seg = match live.iter().find(|s| s.path == path) {
+                Some(k) => {
+                    let file = io
+                        .open(&path, OpenMode::Read)
+                        .map_err(|e| cannot(StoreError::io(&path, "open", &e)))?;
+                    k.another_layer(next_id, file)
+                }
+                None => {
+                    Self::open_segment(&mut io, &path, next_id, &mut Vec::new()).map_err(cannot)?
+                }
+            };
             next_id += 1;
             seg.footer.order = imp.order;
             seg.footer.min_order = imp.order;
@@ -767,6 +777,12 @@ impl BlockCache {
 /// on average (growing the index rehashes it, a stall on the write path),
 /// capped at 4 M entries (64 MiB of slots) beyond which it doubles as it
 /// fills.
+/// Whether a compaction output `by` merged a layer of `generation` that
+/// held orders `min_order..=order` (FORMAT.md §9).
+fn supersedes(by: &format::Footer, generation: u32, min_order: u64, order: u64) -> bool {
+    by.generation > generation && by.min_order <= min_order && order <= by.order
+}
+
 /// Newest first: descending `(order, generation)`, the order reads consult.
 fn sort_layers(layers: &mut [Rc<Segment>]) {
     layers.sort_by(|a, b| {
