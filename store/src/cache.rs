@@ -12,28 +12,59 @@ use crate::format::{BlockView, Malformed};
 
 /// A data block that passed its checksum, with its record table located.
 pub struct Block {
-    buf: AlignedBuf,
+    buf: Bytes,
     offs_at: usize,
     n: usize,
+}
+
+/// A block's bytes: a buffer of its own (cached blocks), or a range of a
+/// larger read shared by the blocks it holds (streaming reads: compaction
+/// and export parse in place instead of copying every block out).
+enum Bytes {
+    Own(AlignedBuf),
+    Shared(Rc<AlignedBuf>, std::ops::Range<usize>),
 }
 
 impl Block {
     /// Validates `buf` (one whole block as read from disk).
     pub fn parse(buf: AlignedBuf) -> Result<Block, Malformed> {
         let (offs_at, n) = BlockView::parse(&buf)?.shape();
-        Ok(Block { buf, offs_at, n })
+        Ok(Block {
+            buf: Bytes::Own(buf),
+            offs_at,
+            n,
+        })
+    }
+
+    /// Validates the block at `range` of a larger read.
+    pub fn parse_in(
+        buf: &Rc<AlignedBuf>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Block, Malformed> {
+        let (offs_at, n) = BlockView::parse(&buf[range.clone()])?.shape();
+        Ok(Block {
+            buf: Bytes::Shared(buf.clone(), range),
+            offs_at,
+            n,
+        })
     }
 
     pub fn view(&self) -> BlockView<'_> {
-        BlockView::trusted(&self.buf, self.offs_at, self.n)
+        BlockView::trusted(self.bytes(), self.offs_at, self.n)
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.buf
+        match &self.buf {
+            Bytes::Own(b) => b,
+            Bytes::Shared(b, r) => &b[r.clone()],
+        }
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.buf.capacity() + 64
+        match &self.buf {
+            Bytes::Own(b) => b.capacity() + 64,
+            Bytes::Shared(_, r) => r.len() + 64,
+        }
     }
 }
 

@@ -40,6 +40,8 @@ pub enum StoreError {
     Limit(String),
     #[error("restore refused: {0}")]
     Restore(String),
+    #[error("snapshot refused: {0}")]
+    Snapshot(String),
     #[error("the store directory {path} cannot be used: {msg}")]
     Dir { path: String, msg: String },
 }

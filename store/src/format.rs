@@ -262,6 +262,20 @@ impl<'a> BlockView<'a> {
             .filter(|r| r.key == key)
     }
 
+    /// The bytes of record `r` as stored (header, key, value).
+    pub fn raw(&self, r: &Record<'a>) -> &'a [u8] {
+        let start = r.key.as_ptr() as usize - self.payload.as_ptr() as usize - RECORD_HEADER;
+        let end = r.value.as_ptr() as usize - self.payload.as_ptr() as usize + r.value.len();
+        &self.payload[start..end]
+    }
+
+    /// `len` bytes of the block from the start of record `first` (a run of
+    /// adjacent records).
+    pub fn raw_span(&self, first: &Record<'a>, len: usize) -> &'a [u8] {
+        let start = first.key.as_ptr() as usize - self.payload.as_ptr() as usize - RECORD_HEADER;
+        &self.payload[start..start + len]
+    }
+
     /// Payload byte range of record `i`'s value, for referencing it later.
     pub fn value_range(&self, r: &Record<'a>) -> std::ops::Range<usize> {
         let start = r.value.as_ptr() as usize - self.payload.as_ptr() as usize + BLOCK_HEADER;

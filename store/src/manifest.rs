@@ -355,7 +355,7 @@ impl Manifest {
             let nl = r.u16()? as usize;
             let name = std::str::from_utf8(r.take(nl)?)
                 .map_err(|_| Malformed("segment name is not UTF-8"))?;
-            if crate::segment::parse_file_name(name).is_none() {
+            if !crate::segment::is_layer_file_name(name) {
                 return Err(Malformed("layer names no segment file"));
             }
             let file_len = r.u64()?;

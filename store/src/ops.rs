@@ -89,6 +89,8 @@ pub enum Output<'a> {
         last_key: &'a [u8],
         more: bool,
     },
+    /// A snapshot import was installed.
+    Imported(crate::store::Imported),
 }
 
 /// What `submit` did.

@@ -164,6 +164,30 @@ pub fn parse_file_name(name: &str) -> Option<(u64, u32)> {
     ))
 }
 
+/// The file an import writes: not a segment name, so recovery never takes
+/// it for a layer of its own; only `LAYERS` (or a manifest) makes it one.
+pub fn import_file_name(serial: u64) -> String {
+    format!("imp-{serial:016x}.sst")
+}
+
+/// The serial of an import file name (only the canonical form).
+pub fn parse_import_file_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("imp-")?.strip_suffix(".sst")?;
+    let canonical = hex.len() == 16
+        && hex
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+    canonical
+        .then(|| u64::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+/// Whether a layer list or manifest may name `name`: a segment or an
+/// import file, nothing else (no path, no other file of the directory).
+pub fn is_layer_file_name(name: &str) -> bool {
+    parse_file_name(name).is_some() || parse_import_file_name(name).is_some()
+}
+
 /// Bytes buffered before a write is issued.
 const WRITE_CHUNK: usize = 1 << 20;
 
@@ -202,7 +226,25 @@ impl SegmentWriter {
         min_order: u64,
         token: u64,
     ) -> Result<SegmentWriter, StoreError> {
-        let path = dir.join(file_name(order, generation));
+        Self::create_at(
+            io,
+            dir.join(file_name(order, generation)),
+            order,
+            generation,
+            min_order,
+            token,
+        )
+    }
+
+    /// Creates the file at `path` (any name).
+    pub fn create_at<I: Io>(
+        io: &mut I,
+        path: PathBuf,
+        order: u64,
+        generation: u32,
+        min_order: u64,
+        token: u64,
+    ) -> Result<SegmentWriter, StoreError> {
         let file = io
             .open(&path, OpenMode::CreateNew)
             .map_err(|e| StoreError::io(&path, "create", &e))?;
@@ -380,6 +422,11 @@ impl SegmentWriter {
         {
             self.error = Some(StoreError::from_errno(&self.path, "write", errno));
         }
+    }
+
+    /// No write or fsync of this writer is in flight.
+    pub fn idle(&self) -> bool {
+        self.writes_in_flight == 0 && !self.fsync_issued
     }
 
     /// Every byte was handed to the kernel and acknowledged.

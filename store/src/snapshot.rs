@@ -1,20 +1,25 @@
 //! Portable snapshot chunks (`store/FORMAT.md` §13): the byte stream of a
-//! snapshot is key-group frames of records as stored, cut into chunks of
-//! at most [`CHUNK_LEN`] bytes, each with a header and a CRC32C.
+//! snapshot is a state table, then key-group frames of records as stored,
+//! cut into chunks of at most [`CHUNK_LEN`] bytes, each with a header and a
+//! CRC32C.
 //!
-//! The stream is one pass: a group header `0xFF 0 0 0 | u32 kg` is followed
-//! by that key group's records, byte for byte as a data block stores them
-//! (§4: `kind | 0 | u16 key_len | u32 value_len | key | value`), so an
-//! exporter writes each record once, straight into the chunk slot the
-//! consumer reads (the CRC is computed as the bytes are written), and never
-//! needs a length it does not know yet. Every non-empty key group appears
-//! once, in ascending order; empty ones cost nothing.
+//! The stream is one pass: a state table item names the states whose ids
+//! the records carry (ids are local to a daemon; names and kinds are not),
+//! then a group header `0xFF 0 0 0 | u32 kg` is followed by that key
+//! group's records, byte for byte as a data block stores them (§4: `kind |
+//! 0 | u16 key_len | u32 value_len | key | value`), so an exporter writes
+//! each record once, straight into the chunk slot the consumer reads (the
+//! CRC is computed as the bytes are written), and never needs a length it
+//! does not know yet. Every non-empty key group appears once, in ascending
+//! order; empty ones cost nothing.
 //!
-//! [`ChunkEncoder`] fills caller-provided slots; [`ChunkDecoder`] checks
-//! every chunk (magic, version, snapshot id, index, CRCs) and every record
-//! (framing, key group, order) before handing it on.
+//! [`ChunkEncoder`] fills caller-provided slots ([`ChunkSlot`]: a byte
+//! slice, or shared memory the store never reads back); [`ChunkDecoder`]
+//! checks every chunk (magic, version, snapshot id, index, CRCs) and every
+//! item (framing, key group, order, state) before handing it on.
 
 use crate::format::{Kind, RECORD_HEADER};
+use crate::ops::StateKind;
 
 /// Bytes of one chunk, header included.
 pub const CHUNK_LEN: usize = 4 << 20;
@@ -26,17 +31,106 @@ pub const VERSION: u16 = 1;
 pub const FLAG_LAST: u16 = 1;
 /// First byte of a group header (no record kind has it).
 pub const GROUP: u8 = 0xFF;
+/// First byte of the state table item.
+pub const STATES: u8 = 0xFE;
+/// The largest item (record or state table) a decoder accepts: one cut
+/// by chunk boundaries is held in memory until it is whole.
+pub const MAX_ITEM: usize = 256 << 20;
 
-/// The length of the item (group header or record) `b` starts, once its
-/// first 8 bytes are there.
+/// Where a chunk is written: the encoder only writes, never reads back
+/// (the consumer may be scribbling on shared memory meanwhile).
+pub trait ChunkSlot {
+    fn slot_len(&self) -> usize;
+    /// Copies `bytes` to offset `off` (`off + bytes.len() <= slot_len()`).
+    fn write_at(&mut self, off: usize, bytes: &[u8]);
+}
+
+impl ChunkSlot for [u8] {
+    fn slot_len(&self) -> usize {
+        self.len()
+    }
+    fn write_at(&mut self, off: usize, bytes: &[u8]) {
+        self[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+impl ChunkSlot for Vec<u8> {
+    fn slot_len(&self) -> usize {
+        self.len()
+    }
+    fn write_at(&mut self, off: usize, bytes: &[u8]) {
+        self[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+/// A state named in a snapshot: the id its records carry, its kind and
+/// its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateDesc {
+    pub id: u32,
+    pub kind: StateKind,
+    pub name: Vec<u8>,
+}
+
+fn kind_byte(k: StateKind) -> u8 {
+    match k {
+        StateKind::Value => 1,
+        StateKind::List => 2,
+        StateKind::Map => 3,
+    }
+}
+
+/// The state table item: `0xFE 0 0 0 | u32 body_len`, then `u32 count`
+/// and per state `u32 id | u8 kind | u8 0 | u16 name_len | name`.
+pub fn encode_states(states: &[StateDesc]) -> Vec<u8> {
+    let mut body = (states.len() as u32).to_le_bytes().to_vec();
+    for s in states {
+        body.extend_from_slice(&s.id.to_le_bytes());
+        body.extend_from_slice(&[kind_byte(s.kind), 0]);
+        body.extend_from_slice(&(s.name.len().min(u16::MAX as usize) as u16).to_le_bytes());
+        body.extend_from_slice(&s.name[..s.name.len().min(u16::MAX as usize)]);
+    }
+    let mut item = vec![STATES, 0, 0, 0];
+    item.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    item.extend_from_slice(&body);
+    item
+}
+
+fn decode_states(body: &[u8]) -> Option<Vec<StateDesc>> {
+    let n = u32::from_le_bytes(body.get(..4)?.try_into().ok()?) as usize;
+    let mut p = &body[4..];
+    let mut out = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        let id = u32::from_le_bytes(p.get(..4)?.try_into().ok()?);
+        let kind = match p.get(4)? {
+            1 => StateKind::Value,
+            2 => StateKind::List,
+            3 => StateKind::Map,
+            _ => return None,
+        };
+        if *p.get(5)? != 0 {
+            return None;
+        }
+        let len = u16::from_le_bytes(p.get(6..8)?.try_into().ok()?) as usize;
+        let name = p.get(8..8 + len)?.to_vec();
+        if out.iter().any(|s: &StateDesc| s.id == id) {
+            return None;
+        }
+        out.push(StateDesc { id, kind, name });
+        p = &p[8 + len..];
+    }
+    p.is_empty().then_some(out)
+}
+
+/// The length of the item `b` starts, once its first 8 bytes are there.
 fn item_len(b: &[u8]) -> Option<usize> {
     let h = b.get(..RECORD_HEADER)?;
-    if h[0] == GROUP {
-        return Some(8);
-    }
-    let klen = u16::from_le_bytes([h[2], h[3]]) as usize;
-    let vlen = u32::from_le_bytes(h[4..8].try_into().expect("4")) as usize;
-    Some(RECORD_HEADER + klen + vlen)
+    let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4")) as usize;
+    Some(match h[0] {
+        GROUP => 8,
+        STATES => 8 + u32_at(4),
+        _ => RECORD_HEADER + u16::from_le_bytes([h[2], h[3]]) as usize + u32_at(4),
+    })
 }
 
 /// Why a snapshot was refused; nothing of it may be installed.
@@ -48,10 +142,12 @@ pub enum SnapshotError {
     Foreign { index: u32, got: u64, want: u64 },
     #[error("chunk {got} arrived where chunk {want} was expected")]
     OutOfOrder { got: u32, want: u32 },
-    #[error("the snapshot ends without its last chunk, or inside a record")]
+    #[error("the snapshot ends without its last chunk, or inside an item")]
     Truncated,
     #[error("a chunk arrived after the last one")]
     AfterLast,
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Writes the stream into chunk slots. Per slot: [`ChunkEncoder::begin`],
@@ -77,23 +173,28 @@ impl ChunkEncoder {
         }
     }
 
-    /// Starts a chunk in `slot` (at least `HEADER_LEN + 8` bytes).
+    /// Starts a chunk in a slot (at least `HEADER_LEN + 8` bytes).
     pub fn begin(&mut self) {
         self.pos = HEADER_LEN;
         self.crc = 0;
     }
 
+    /// Bytes written into the current chunk so far (header included).
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
     /// Copies as much of `bytes` as fits into `slot`; how much.
-    pub fn put(&mut self, slot: &mut [u8], bytes: &[u8]) -> usize {
-        let n = bytes.len().min(slot.len().saturating_sub(self.pos));
-        slot[self.pos..self.pos + n].copy_from_slice(&bytes[..n]);
+    pub fn put<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S, bytes: &[u8]) -> usize {
+        let n = bytes.len().min(slot.slot_len().saturating_sub(self.pos));
+        slot.write_at(self.pos, &bytes[..n]);
         self.crc = crc32c::crc32c_append(self.crc, &bytes[..n]);
         self.pos += n;
         n
     }
 
     /// The bytes that start key group `kg` if it is not the current one
-    /// (empty otherwise). Groups must come in ascending order.
+    /// (`None` otherwise). Groups must come in ascending order.
     pub fn group_header(&mut self, kg: u16) -> Option<[u8; 8]> {
         if self.group == Some(kg) {
             return None;
@@ -105,9 +206,9 @@ impl ChunkEncoder {
     }
 
     /// Closes the chunk in `slot`: writes its header. Returns its length.
-    pub fn end(&mut self, slot: &mut [u8], last: bool) -> usize {
+    pub fn end<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S, last: bool) -> usize {
         let payload = (self.pos - HEADER_LEN) as u32;
-        let h = &mut slot[..HEADER_LEN];
+        let mut h = [0u8; HEADER_LEN];
         h[0..4].copy_from_slice(&MAGIC);
         h[4..6].copy_from_slice(&VERSION.to_le_bytes());
         h[6..8].copy_from_slice(&(if last { FLAG_LAST } else { 0 }).to_le_bytes());
@@ -117,6 +218,7 @@ impl ChunkEncoder {
         h[24..28].copy_from_slice(&self.crc.to_le_bytes());
         let hcrc = crc32c::crc32c(&h[..28]);
         h[28..32].copy_from_slice(&hcrc.to_le_bytes());
+        slot.write_at(0, &h);
         self.index += 1;
         let len = self.pos;
         self.begin();
@@ -135,16 +237,26 @@ pub struct Decoded {
     pub skipped_records: u64,
 }
 
-/// Checks chunks in order and hands on the records of key groups in
-/// `lo..=hi` (others are skipped and counted: a snapshot rescales).
+/// An item handed on by the decoder.
+#[derive(Debug)]
+pub enum Item<'a> {
+    /// The state table (first, once).
+    States(&'a [StateDesc]),
+    Record(Kind, &'a [u8], &'a [u8]),
+}
+
+/// Checks chunks in order and hands on the state table and the records of
+/// key groups in `lo..=hi` (others are skipped and counted: a snapshot
+/// rescales).
 pub struct ChunkDecoder {
     snapshot: Option<u64>,
     next: u32,
     lo: u16,
     hi: u16,
     done: bool,
-    /// Bytes of a group header or record cut by a chunk boundary.
+    /// Bytes of an item cut by a chunk boundary.
     carry: Vec<u8>,
+    states: Option<Vec<StateDesc>>,
     group: Option<u16>,
     last_key: Vec<u8>,
     stats: Decoded,
@@ -159,18 +271,29 @@ impl ChunkDecoder {
             hi,
             done: false,
             carry: Vec::new(),
+            states: None,
             group: None,
             last_key: Vec::new(),
             stats: Decoded::default(),
         }
     }
 
-    /// Checks one chunk and hands each record of the range to `f(kind,
-    /// key, value)`. On an error the snapshot must be abandoned.
+    /// The snapshot id (after the first chunk).
+    pub fn snapshot(&self) -> Option<u64> {
+        self.snapshot
+    }
+
+    /// Whether the last chunk was fed.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Checks one chunk and hands each item to `f` (which may refuse it).
+    /// On an error the snapshot must be abandoned.
     pub fn feed(
         &mut self,
         chunk: &[u8],
-        mut f: impl FnMut(Kind, &[u8], &[u8]),
+        mut f: impl FnMut(Item<'_>) -> Result<(), SnapshotError>,
     ) -> Result<(), SnapshotError> {
         let index = self.next;
         let bad = |what| SnapshotError::Chunk { index, what };
@@ -217,11 +340,14 @@ impl ChunkDecoder {
         }
         self.next += 1;
         self.stats.chunks += 1;
-        // Records cut by the previous boundary are completed from here.
+        // An item cut by the previous boundary is completed from here.
         let mut p = payload;
         if !self.carry.is_empty() {
             loop {
                 let need = item_len(&self.carry).unwrap_or(RECORD_HEADER);
+                if need > MAX_ITEM {
+                    return Err(bad("an item larger than the 256 MiB limit"));
+                }
                 let take = need.saturating_sub(self.carry.len()).min(p.len());
                 if take == 0 {
                     break;
@@ -240,6 +366,9 @@ impl ChunkDecoder {
                     self.item(&p[..n], index, &mut f)?;
                     p = &p[n..];
                 }
+                Some(n) if n > MAX_ITEM => {
+                    return Err(bad("an item larger than the 256 MiB limit"));
+                }
                 _ => {
                     self.carry.extend_from_slice(p);
                     break;
@@ -247,7 +376,7 @@ impl ChunkDecoder {
             }
         }
         if flags & FLAG_LAST != 0 {
-            if !self.carry.is_empty() {
+            if !self.carry.is_empty() || self.states.is_none() {
                 return Err(SnapshotError::Truncated);
             }
             self.done = true;
@@ -259,9 +388,21 @@ impl ChunkDecoder {
         &mut self,
         b: &[u8],
         index: u32,
-        f: &mut impl FnMut(Kind, &[u8], &[u8]),
+        f: &mut impl FnMut(Item<'_>) -> Result<(), SnapshotError>,
     ) -> Result<(), SnapshotError> {
         let bad = |what| SnapshotError::Chunk { index, what };
+        if b[0] == STATES {
+            if b[1..4] != [0, 0, 0] || self.states.is_some() {
+                return Err(bad("a malformed or repeated state table"));
+            }
+            let states = decode_states(&b[8..]).ok_or(bad("malformed state table"))?;
+            f(Item::States(&states))?;
+            self.states = Some(states);
+            return Ok(());
+        }
+        let Some(states) = &self.states else {
+            return Err(bad("the stream does not begin with its state table"));
+        };
         if b[0] == GROUP {
             if b[1..4] != [0, 0, 0] {
                 return Err(bad("malformed group header"));
@@ -280,13 +421,20 @@ impl ChunkDecoder {
             return Ok(());
         }
         let kind = Kind::from_u8(b[0]).ok_or(bad("unknown record kind"))?;
+        if kind != Kind::Put || b[1] != 0 {
+            return Err(bad("a record that is not a plain put"));
+        }
         let Some(g) = self.group else {
             return Err(bad("a record before any group header"));
         };
         let klen = u16::from_le_bytes([b[2], b[3]]) as usize;
         let (key, value) = b[RECORD_HEADER..].split_at(klen);
-        if crate::keys::key_group(key) != g || key.len() < 2 {
+        if key.len() < crate::keys::HEADER_LEN || crate::keys::key_group(key) != g {
             return Err(bad("a record of another key group inside a group"));
+        }
+        let state = crate::keys::state_id(key).unwrap_or(u32::MAX);
+        if !states.iter().any(|s| s.id == state) {
+            return Err(bad("a record of a state the table does not name"));
         }
         if key <= &self.last_key[..] && !self.last_key.is_empty() {
             return Err(bad("records not in ascending key order"));
@@ -295,11 +443,10 @@ impl ChunkDecoder {
         self.last_key.extend_from_slice(key);
         if g < self.lo || g > self.hi {
             self.stats.skipped_records += 1;
-        } else {
-            self.stats.records += 1;
-            f(kind, key, value);
+            return Ok(());
         }
-        Ok(())
+        self.stats.records += 1;
+        f(Item::Record(kind, key, value))
     }
 
     /// Ends the snapshot: it must have ended with its last chunk.
@@ -334,6 +481,12 @@ mod tests {
                     }
                 }
             };
+        let states = [StateDesc {
+            id: 1,
+            kind: StateKind::Value,
+            name: b"s".to_vec(),
+        }];
+        emit(&mut e, &mut buf, &encode_states(&states), &mut out);
         for (kg, k, v) in recs {
             if let Some(h) = e.group_header(*kg) {
                 emit(&mut e, &mut buf, &h, &mut out);
@@ -360,7 +513,12 @@ mod tests {
         let mut d = ChunkDecoder::new(lo, hi);
         let mut got = Vec::new();
         for c in chunks {
-            d.feed(c, |_, k, v| got.push((k.to_vec(), v.to_vec())))?;
+            d.feed(c, |item| {
+                if let Item::Record(_, k, v) = item {
+                    got.push((k.to_vec(), v.to_vec()));
+                }
+                Ok(())
+            })?;
         }
         Ok((d.finish()?, got))
     }

@@ -165,8 +165,9 @@ fn snapshot_records() -> Vec<(u16, Vec<u8>, Vec<u8>)> {
 
 #[test]
 fn snapshot_chunk_version_1_fixture_decodes_exactly() {
+    use stator_store::StateKind;
     use stator_store::format::Kind;
-    use stator_store::snapshot::{ChunkDecoder, ChunkEncoder};
+    use stator_store::snapshot::{ChunkDecoder, ChunkEncoder, Item, StateDesc, encode_states};
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/snapshot-v1");
     let recs = snapshot_records();
     if std::env::var_os("STATOR_WRITE_FIXTURES").is_some() {
@@ -191,6 +192,12 @@ fn snapshot_chunk_version_1_fixture_decodes_exactly() {
             }
         };
         e.begin();
+        let table = encode_states(&[StateDesc {
+            id: 7,
+            kind: StateKind::Map,
+            name: b"fixture-state".to_vec(),
+        }]);
+        emit(&mut e, &mut slot, &table, false);
         for (kg, k, v) in &recs {
             if let Some(h) = e.group_header(*kg) {
                 emit(&mut e, &mut slot, &h, false);
@@ -213,9 +220,19 @@ fn snapshot_chunk_version_1_fixture_decodes_exactly() {
     let mut d = ChunkDecoder::new(0, 5);
     let mut got = Vec::new();
     for p in &names {
-        d.feed(&std::fs::read(p).unwrap(), |kind, k, v| {
-            assert_eq!(kind, Kind::Put);
-            got.push((k.to_vec(), v.to_vec()));
+        d.feed(&std::fs::read(p).unwrap(), |item| {
+            match item {
+                Item::States(s) => {
+                    assert_eq!(s.len(), 1);
+                    assert_eq!((s[0].id, s[0].kind), (7, StateKind::Map));
+                    assert_eq!(s[0].name, b"fixture-state");
+                }
+                Item::Record(kind, k, v) => {
+                    assert_eq!(kind, Kind::Put);
+                    got.push((k.to_vec(), v.to_vec()));
+                }
+            }
+            Ok(())
         })
         .unwrap();
     }

@@ -15,19 +15,38 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Owned, checkpoint, run, settle_fully};
+use common::{Owned, checkpoint, export_chunks, import_chunks, run, settle_fully};
 use proptest::prelude::*;
 use stator_store::io::{Io, SyncIo, UringIo};
 use stator_store::ops::encode_element;
+use stator_store::snapshot::StateDesc;
 use stator_store::{
-    CheckpointSpec, IterMode, KeyRef, Notify, Op, RestoreSpec, StateKind, Store, StoreConfig,
-    StoreError,
+    CheckpointSpec, ExportSpec, ImportSpec, IterMode, KeyRef, Notify, Op, RestoreSpec, StateKind,
+    Store, StoreConfig, StoreError,
 };
 
 const KGS: u16 = 8;
 const OWNERS: [&[u8]; 2] = [b"job\0op-a", b"job\0op-b"];
 /// Value, list and map state ids of each owner.
 const STATES: [[u32; 3]; 2] = [[1, 2, 3], [4, 5, 6]];
+
+/// State names (what a portable snapshot carries), by kind index.
+const NAMES: [&[u8]; 3] = [b"value", b"list", b"map"];
+
+fn descs(o: usize) -> Vec<StateDesc> {
+    let kinds = [StateKind::Value, StateKind::List, StateKind::Map];
+    (0..3)
+        .map(|i| StateDesc {
+            id: STATES[o][i],
+            kind: kinds[i],
+            name: NAMES[i].to_vec(),
+        })
+        .collect()
+}
+
+fn names(o: usize) -> Vec<(&'static [u8], u32)> {
+    (0..3).map(|i| (NAMES[i], STATES[o][i])).collect()
+}
 
 /// (owner, key group, key)
 type K = (usize, u16, u8);
@@ -40,6 +59,28 @@ struct Model {
 }
 
 impl Model {
+    /// `from`'s owner-`src` entries as owner `dst`'s.
+    fn as_owner(&self, src: usize, dst: usize) -> Model {
+        let mv = |k: &K| (k.0 == src).then_some((dst, k.1, k.2));
+        Model {
+            values: self
+                .values
+                .iter()
+                .filter_map(|(k, v)| Some((mv(k)?, v.clone())))
+                .collect(),
+            lists: self
+                .lists
+                .iter()
+                .filter_map(|(k, v)| Some((mv(k)?, v.clone())))
+                .collect(),
+            maps: self
+                .maps
+                .iter()
+                .filter_map(|(k, v)| Some((mv(k)?, v.clone())))
+                .collect(),
+        }
+    }
+
     /// Replaces `owner`'s state in key groups `lo..=hi` by `from`'s.
     fn restore(&mut self, owner: usize, lo: u16, hi: u16, from: &Model) {
         let inside = |k: &K| k.0 == owner && lo <= k.1 && k.1 <= hi;
@@ -72,6 +113,13 @@ enum COp {
     Restore(usize, usize, u16, Option<u16>),
     /// Try handles that must be refused.
     BadRestore(usize, u8),
+    /// Export an owner at a parallelism (portable chunks, each range into
+    /// slots of 4 KiB << n).
+    Export(usize, u16, u8),
+    /// Import the n-th newest export into an owner (maybe the other one:
+    /// states resolve by name) at a parallelism, all ranges or one; or
+    /// with one chunk corrupted (refused, nothing changes).
+    Import(usize, usize, u16, Option<u16>, bool),
     Flush,
     Compact,
     Reopen,
@@ -93,6 +141,9 @@ fn cop() -> impl Strategy<Value = COp> {
         3 => (0usize..2, 0usize..3, 1u16..5, prop::option::of(0u16..4))
             .prop_map(|(o, n, p, only)| COp::Restore(o, n, p, only)),
         1 => (0usize..2, 0u8..3).prop_map(|(o, w)| COp::BadRestore(o, w)),
+        2 => (0usize..2, 1u16..5, 0u8..3).prop_map(|(o, p, n)| COp::Export(o, p, n)),
+        2 => (0usize..2, 0usize..3, 1u16..5, prop::option::of(0u16..4), prop::bool::weighted(0.2))
+            .prop_map(|(o, n, p, only, bad)| COp::Import(o, n, p, only, bad)),
         2 => Just(COp::Flush),
         1 => Just(COp::Compact),
         1 => Just(COp::Reopen),
@@ -194,6 +245,9 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
     let mut ckpts: Vec<Ckpt> = Vec::new();
     let mut dead: Vec<(usize, Vec<u8>)> = Vec::new();
     let mut next_id = 1u64;
+    // Exports: owner, chunks per range, the state they hold.
+    type Export = (usize, Vec<((u16, u16), Vec<Vec<u8>>)>, Model);
+    let mut exports: Vec<Export> = Vec::new();
     for (step, op) in ops.into_iter().enumerate() {
         let what = format!("step {step} ({op:?})");
         match op {
@@ -340,6 +394,90 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
                     matches!(r, Err(StoreError::Restore(_))),
                     "{what}: a bad handle was not refused: {r:?}"
                 );
+            }
+            COp::Export(o, p, n) => {
+                let mut parts = Vec::new();
+                for i in 0..p {
+                    let (lo, hi) = range(p, i);
+                    let spec = ExportSpec {
+                        owner: OWNERS[o].to_vec(),
+                        snapshot_id: next_id * 16 + i as u64,
+                        lo,
+                        hi,
+                        states: descs(o),
+                    };
+                    let chunks = export_chunks(&mut s, spec, 4096 << n)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    parts.push(((lo, hi), chunks));
+                }
+                next_id += 1;
+                // An export waits for the flush, as a checkpoint does.
+                durable = m.clone();
+                exports.push((o, parts, m.clone()));
+            }
+            COp::Import(o, n, p, only, bad) => {
+                let Some((src, parts, state)) = exports
+                    .iter()
+                    .rev()
+                    .nth(n.min(exports.len().saturating_sub(1)))
+                else {
+                    continue;
+                };
+                let ranges: Vec<u16> = match only {
+                    Some(i) => vec![i % p],
+                    None => (0..p).collect(),
+                };
+                let from = state.as_owner(*src, o);
+                for i in ranges {
+                    let (lo, hi) = range(p, i);
+                    let spec = ImportSpec {
+                        owner: OWNERS[o].to_vec(),
+                        lo,
+                        hi,
+                        states: STATES[o].to_vec(),
+                    };
+                    // Every exported part overlapping the range, one after
+                    // the other (each is a snapshot of its own).
+                    for ((a, b), chunks) in parts.iter().filter(|((a, b), _)| *a <= hi && lo <= *b)
+                    {
+                        let mut chunks = chunks.clone();
+                        if bad {
+                            let c = chunks.len() - 1;
+                            let at = chunks[c].len() / 2;
+                            chunks[c][at] ^= 0x10;
+                            let r = import_chunks(&mut s, spec.clone(), &chunks, &names(o));
+                            assert!(matches!(r, Err(StoreError::Snapshot(_))), "{what}: {r:?}");
+                            continue;
+                        }
+                        let r = import_chunks(
+                            &mut s,
+                            ImportSpec {
+                                lo: lo.max(*a),
+                                hi: hi.min(*b),
+                                ..spec.clone()
+                            },
+                            &chunks,
+                            &names(o),
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let (lo, hi) = (lo.max(*a), hi.min(*b));
+                        let inside = |k: &&K| lo <= k.1 && k.1 <= hi;
+                        let want = from.values.keys().filter(inside).count()
+                            + from.lists.keys().filter(inside).count()
+                            + from
+                                .maps
+                                .iter()
+                                .filter(|(k, _)| inside(k))
+                                .map(|(_, v)| v.len())
+                                .sum::<usize>();
+                        assert_eq!(r.records as usize, want, "{what}: records imported");
+                        m.restore(o, lo, hi, &from);
+                    }
+                }
+                if !bad {
+                    settle_fully(&mut s);
+                    durable = m.clone();
+                }
             }
             COp::Flush => {
                 s.flush();

@@ -85,6 +85,8 @@ impl<I: Io> Store<I> {
                 TAG_CKPT_WRITE | TAG_CKPT_SYNC | TAG_CKPT_DIR_SYNC => {
                     self.checkpoint_io_done(t, v as usize, c.result)
                 }
+                TAG_EXPORT_READ => self.export_read_done(v, c),
+                TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c.result),
                 TAG_DIR_SYNC => {
                     self.dir_sync_in_flight = false;
                     match c.result {

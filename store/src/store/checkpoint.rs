@@ -289,7 +289,12 @@ impl<I: Io> Store<I> {
 
     /// What of a layer of `order` (with its own clip, if restored) belongs
     /// to the region `keep`, as of now; `None` if nothing.
-    fn capture_clip(&self, order: u64, own: Option<&Clip>, keep: &Region) -> Option<Clip> {
+    pub(super) fn capture_clip(
+        &self,
+        order: u64,
+        own: Option<&Clip>,
+        keep: &Region,
+    ) -> Option<Clip> {
         let states = keep.states.as_deref().unwrap_or_default();
         let mut clip = match own {
             None => Clip {
@@ -358,6 +363,7 @@ impl<I: Io> Store<I> {
     /// A flush failed: checkpoints waiting for one fail with its error
     /// (the engine aborts them; a later checkpoint retries).
     pub(super) fn fail_flush_waiters(&mut self, e: &StoreError) {
+        self.fail_export_waiters(e);
         let keys: Vec<usize> = self
             .ckpt
             .pending
@@ -749,44 +755,14 @@ impl<I: Io> Store<I> {
         }
         // Mask the owner's states in the range in every existing layer,
         // then place the checkpoint's layers above, keeping their order.
-        self.freeze();
         let mut states: Vec<u32> = spec.states.to_vec();
         for m in &manifests {
             states.extend_from_slice(&m.states);
         }
-        let mask = KgDelete {
-            region: Region {
-                lo: spec.lo,
-                hi: spec.hi,
-                states: Some(state_set(states)),
-            },
-            max_order: self.next_order - 1,
-        };
-        let mut added = Vec::new();
-        for segs in opened {
-            for mut s in segs.into_iter().rev() {
-                s.footer.order = self.next_order;
-                s.footer.min_order = self.next_order;
-                self.next_order += 1;
-                added.push(Rc::new(s));
-            }
-        }
-        let ids: Vec<u64> = added.iter().map(|s| s.id).collect();
-        self.segments.extend(added);
-        sort_layers(&mut self.segments);
-        if let Err(e) = self.push_mask(mask) {
-            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
-                .into_iter()
-                .partition(|s| ids.contains(&s.id));
-            self.segments = kept;
-            for s in gone {
-                self.io.close(s.file);
-            }
-            return Err(e);
-        }
-        self.rebalance_cache();
+        let added: Vec<Segment> = opened.into_iter().flatten().collect();
+        let layers = self.install_layers(added, spec.lo, spec.hi, states)?;
         Ok(Restored {
-            layers: ids.len(),
+            layers,
             manifests: manifests
                 .into_iter()
                 .map(|m| RestoredManifest {

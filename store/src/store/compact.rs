@@ -64,15 +64,7 @@ impl<I: Io> Store<I> {
         };
         let cursors = inputs
             .iter()
-            .map(|s| Cursor {
-                seg: s.clone(),
-                next_read: 0,
-                arrived: BTreeMap::new(),
-                blocks: VecDeque::new(),
-                next_block: 0,
-                rec: 0,
-                reads_in_flight: 0,
-            })
+            .map(|s| Cursor::new(s.clone(), COMPACT_READ_BLOCKS, 1))
             .collect();
         self.compact = Some(CompactJob {
             inputs,
@@ -89,23 +81,9 @@ impl<I: Io> Store<I> {
     pub(super) fn issue_compact_reads(&mut self) {
         let j = self.compact.as_mut().expect("compaction job");
         for (ci, c) in j.cursors.iter_mut().enumerate() {
-            let buffered = c.blocks.len() + c.arrived.values().map(|v| v.len()).sum::<usize>();
-            if c.reads_in_flight > 0
-                || buffered >= COMPACT_READ_BLOCKS / 2
-                || c.next_read >= c.seg.index.len()
-            {
-                continue;
-            }
-            let first = c.next_read;
-            let last = (first + COMPACT_READ_BLOCKS).min(c.seg.index.len());
-            let (off, _) = c.seg.index.block(first);
-            let (loff, llen) = c.seg.index.block(last - 1);
-            let len = (loff + llen as u64 - off) as usize;
-            c.next_read = last;
-            c.reads_in_flight += 1;
-            let token = tag(TAG_COMPACT_READ, ((ci as u64) << 32) | first as u64);
-            self.io
-                .read(c.seg.file, off, AlignedBuf::zeroed(len), token);
+            c.read_ahead(&mut self.io, |first| {
+                tag(TAG_COMPACT_READ, ((ci as u64) << 32) | first as u64)
+            });
         }
     }
 
@@ -114,53 +92,8 @@ impl<I: Io> Store<I> {
             return;
         };
         let (ci, first) = ((v >> 32) as usize, (v & 0xffff_ffff) as usize);
-        let cur = &mut j.cursors[ci];
-        cur.reads_in_flight -= 1;
-        let seg = cur.seg.clone();
-        let buf = match (c.result, c.buf) {
-            (Ok(n), Some(b)) if n == b.len() => b,
-            (Ok(_), _) => {
-                j.error.get_or_insert(corrupt(
-                    &seg,
-                    seg.index.block(first).0,
-                    "short read during compaction",
-                ));
-                return;
-            }
-            (Err(errno), _) => {
-                j.error
-                    .get_or_insert(StoreError::from_errno(&seg.path, "read", errno));
-                return;
-            }
-        };
-        let base = seg.index.block(first).0;
-        let mut blocks = Vec::new();
-        let mut bi = first;
-        while bi < seg.index.len() {
-            let (off, len) = seg.index.block(bi);
-            let rel = (off - base) as usize;
-            if rel + len as usize > buf.len() {
-                break;
-            }
-            let mut b = AlignedBuf::with_capacity(len as usize);
-            b.extend_from_slice(&buf[rel..rel + len as usize]);
-            match Block::parse(b) {
-                Ok(b) => blocks.push(b),
-                Err(m) => {
-                    j.error.get_or_insert(corrupt(&seg, off, m.0));
-                    return;
-                }
-            }
-            bi += 1;
-        }
-        cur.arrived.insert(first, blocks);
-        while let Some(e) = cur.arrived.first_entry() {
-            if *e.key() != cur.next_block {
-                break;
-            }
-            let bs = e.remove();
-            cur.next_block += bs.len();
-            cur.blocks.extend(bs);
+        if let Err(e) = j.cursors[ci].read_done(first, c) {
+            j.error.get_or_insert(e);
         }
     }
 
@@ -181,24 +114,13 @@ impl<I: Io> Store<I> {
         let j = self.compact.as_mut().expect("compaction job");
         for _ in 0..work {
             // Every unfinished input must have its current block loaded.
-            let mut waiting = false;
-            for c in j.cursors.iter_mut() {
-                while c.blocks.front().is_some_and(|b| c.rec >= b.view().len()) {
-                    c.blocks.pop_front();
-                    c.rec = 0;
-                }
-                let finished = c.blocks.is_empty() && c.next_block >= c.seg.index.len();
-                if c.blocks.is_empty() && !finished {
-                    waiting = true;
-                }
-            }
-            if waiting {
+            if j.cursors.iter_mut().any(|c| matches!(c.at(), At::Waiting)) {
                 return;
             }
             // The smallest current key, and every input holding it.
             let mut min: Option<&[u8]> = None;
             for c in &j.cursors {
-                if let Some(b) = c.blocks.front() {
+                if let Some(b) = c.block() {
                     let k = b.view().record(c.rec).key;
                     if min.is_none_or(|m| k < m) {
                         min = Some(k);
@@ -216,12 +138,15 @@ impl<I: Io> Store<I> {
             let mut decided = false;
             let mut clear_rank = None;
             for (rank, c) in j.cursors.iter_mut().enumerate() {
-                let Some(b) = c.blocks.front() else { continue };
-                let rec = b.view().record(c.rec);
+                let (Some(b), at) = c.split() else { continue };
+                if *at >= b.view().len() {
+                    continue;
+                }
+                let rec = b.view().record(*at);
                 if rec.key != &key[..] {
                     continue;
                 }
-                c.rec += 1;
+                *at += 1;
                 if decided {
                     continue;
                 }

@@ -124,6 +124,7 @@ impl<I: Io> Store<I> {
         debug_assert!(Rc::ptr_eq(&done, &j.mem));
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);
+        self.export_layer_flushed(&seg);
         self.sync_dir();
         self.stats.last_background_error = None;
         self.rebalance_cache();

@@ -21,10 +21,13 @@ mod checkpoint;
 mod compact;
 mod flush;
 mod iter;
+mod portable;
 mod read;
+mod stream;
 mod write;
 
 pub use checkpoint::{CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest};
+pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -44,6 +47,7 @@ use crate::manifest::{Clip, Region};
 use crate::memtable::Memtable;
 use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
 use crate::segment::{self, Segment, SegmentWriter};
+use stream::{At, Cursor};
 
 /// Store configuration.
 #[derive(Clone, Debug)]
@@ -150,6 +154,9 @@ const TAG_DIR_SYNC: u64 = 8;
 const TAG_CKPT_WRITE: u64 = 9;
 const TAG_CKPT_SYNC: u64 = 10;
 const TAG_CKPT_DIR_SYNC: u64 = 11;
+const TAG_EXPORT_READ: u64 = 12;
+const TAG_IMPORT_WRITE: u64 = 13;
+const TAG_IMPORT_SYNC: u64 = 14;
 
 fn tag(t: u64, v: u64) -> u64 {
     (t << TAG_SHIFT) | v
@@ -231,6 +238,7 @@ enum Resolved {
         last_key: Vec<u8>,
         more: bool,
     },
+    Imported(Imported),
 }
 
 /// Outcome of evaluating a read against the layers it can reach now.
@@ -256,16 +264,6 @@ struct FlushJob {
     /// All records added; waiting for writes, then for the fsyncs.
     syncing: bool,
     scratch: Vec<u8>,
-}
-
-struct Cursor {
-    seg: Rc<Segment>,
-    next_read: usize,
-    arrived: BTreeMap<usize, Vec<Block>>,
-    blocks: VecDeque<Block>,
-    next_block: usize,
-    rec: usize,
-    reads_in_flight: usize,
 }
 
 struct CompactJob {
@@ -314,6 +312,10 @@ pub struct Store<I: Io> {
     /// Checkpoints: retained manifests, pinned files, checkpoints in
     /// progress (see `checkpoint.rs`).
     ckpt: checkpoint::Checkpoints,
+    /// Portable exports and imports in progress (see `portable.rs`).
+    exports: Slab<portable::Export>,
+    imports: Slab<portable::Import>,
+    next_import_file: u64,
     next_order: u64,
     next_segment_id: u64,
     retry_at: Option<Instant>,
@@ -556,6 +558,21 @@ impl<I: Io> Store<I> {
                 }
             }
         }
+        // Import files no layer list and no manifest names: an import that
+        // never installed (a crash, or a refused snapshot), or a merged one.
+        let mut next_import_file = 1;
+        for e in std::fs::read_dir(&cfg.dir).map_err(|e| dir_err(e.to_string()))? {
+            let e = e.map_err(|e| dir_err(e.to_string()))?;
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(serial) = segment::parse_import_file_name(&name) else {
+                continue;
+            };
+            next_import_file = next_import_file.max(serial + 1);
+            if !ckpt.pinned(&name) && !imports.iter().any(|imp| imp.name == name) {
+                let _ = std::fs::remove_file(e.path());
+                report.superseded.push(e.path());
+            }
+        }
         if !report.torn.is_empty() || !report.superseded.is_empty() {
             // Make the renames and deletes durable before anything new.
             std::fs::File::open(&cfg.dir)
@@ -632,6 +649,9 @@ impl<I: Io> Store<I> {
             compact: None,
             kg_deletes,
             ckpt,
+            exports: Slab::new(),
+            imports: Slab::new(),
+            next_import_file,
             next_order,
             next_segment_id: next_id,
             retry_at: None,
@@ -828,6 +848,7 @@ fn resolved_output(r: &Resolved) -> Output<'_> {
             last_key,
             more: *more,
         },
+        Resolved::Imported(i) => Output::Imported(*i),
     }
 }
 
@@ -931,7 +952,7 @@ fn load_layers(dir: &Path) -> Result<(Vec<KgDelete>, Vec<ImportRec>, bool), Stor
             let name: Vec<u8> = (0..nl).map(|_| r.u8()).collect::<Result<_, _>>()?;
             let name = String::from_utf8(name)
                 .ok()
-                .filter(|n| segment::parse_file_name(n).is_some())
+                .filter(|n| segment::is_layer_file_name(n))
                 .ok_or(crate::manifest::Malformed("import names no segment file"))?;
             let order = r.u64()?;
             let generation = r.u32()?;

@@ -188,6 +188,7 @@ impl<I: Io> Store<I> {
         match r {
             Resolved::NotFound => Output::Value(None),
             Resolved::Contains(b) => Output::Contains(b),
+            Resolved::Imported(i) => Output::Imported(i),
             Resolved::Owned(v) => {
                 self.scratch = v;
                 Output::Value(Some(&self.scratch))

@@ -4,7 +4,11 @@
 use std::time::Duration;
 
 use stator_store::io::Io;
-use stator_store::{CheckpointSpec, Op, Output, Store, StoreError, Submitted};
+use stator_store::snapshot::StateDesc;
+use stator_store::{
+    CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, Imported, Op, Output, Store,
+    StoreError, Submitted,
+};
 
 /// An output copied out of the store.
 #[derive(Debug, PartialEq, Eq, Clone)]
@@ -13,6 +17,7 @@ pub enum Owned {
     Value(Option<Vec<u8>>),
     Contains(bool),
     Page(Vec<u8>, u32, Vec<u8>, bool),
+    Imported(Imported),
 }
 
 impl From<Output<'_>> for Owned {
@@ -27,6 +32,7 @@ impl From<Output<'_>> for Owned {
                 last_key,
                 more,
             } => Owned::Page(data.to_vec(), entries, last_key.to_vec(), more),
+            Output::Imported(i) => Owned::Imported(i),
         }
     }
 }
@@ -101,4 +107,82 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         let e = e.unwrap();
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
+}
+
+/// Exports into slots of `slot_len` bytes; the chunks.
+pub fn export_chunks<I: Io>(
+    s: &mut Store<I>,
+    spec: ExportSpec,
+    slot_len: usize,
+) -> Result<Vec<Vec<u8>>, StoreError> {
+    let id = s.export(spec)?;
+    let mut slot = vec![0u8; slot_len];
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match s.export_fill(id, &mut slot)? {
+            Fill::Chunk { len, last } => {
+                out.push(slot[..len].to_vec());
+                if last {
+                    return Ok(out);
+                }
+            }
+            Fill::Again => {}
+            Fill::Wait => {
+                assert!(std::time::Instant::now() < deadline, "export stalled");
+                s.poll(|_, _| {});
+                if !s.background_runnable() {
+                    s.wait(Some(Duration::from_millis(5))).unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// Imports `chunks`, resolving state names through `names` (name -> id).
+pub fn import_chunks<I: Io>(
+    s: &mut Store<I>,
+    spec: ImportSpec,
+    chunks: &[Vec<u8>],
+    names: &[(&[u8], u32)],
+) -> Result<Imported, StoreError> {
+    const TOKEN: u64 = 0x1417;
+    let id = s.import_begin(spec)?;
+    let mut resolve = |d: &StateDesc| {
+        names
+            .iter()
+            .find(|(n, _)| *n == &d.name[..])
+            .map(|(_, id)| *id)
+            .ok_or_else(|| format!("no state {}", String::from_utf8_lossy(&d.name)))
+    };
+    let mut finishing = false;
+    for c in chunks {
+        finishing = s.import_chunk(id, c, TOKEN, &mut resolve)? == ImportStep::Finishing;
+    }
+    if !finishing {
+        s.import_cancel(id);
+        return Err(StoreError::Snapshot(
+            "the chunks ended before the last one".into(),
+        ));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut got = None;
+    while got.is_none() {
+        s.poll(|t, r| {
+            if t == TOKEN {
+                got = Some(r.map(|o| match Owned::from(o) {
+                    Owned::Imported(i) => i,
+                    o => panic!("an import completed with {o:?}"),
+                }));
+            }
+        });
+        assert!(
+            std::time::Instant::now() < deadline,
+            "import never completed"
+        );
+        if got.is_none() {
+            s.wait(Some(Duration::from_millis(5))).unwrap();
+        }
+    }
+    got.unwrap()
 }

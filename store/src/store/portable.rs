@@ -1,0 +1,889 @@
+//! Portable snapshots (`store/FORMAT.md` §13): export streams an owner's
+//! state in a key-group range into chunk slots, import installs a chunk
+//! stream as new layers.
+//!
+//! An export has the synchronous part of a checkpoint (freeze, capture
+//! the layers and what each holds of the range) and then merges the
+//! captured layers in one pass, newest first, with the merge rules of a
+//! bottom compaction: a key's newest put wins, deletes and clears hide
+//! what is older, list operands are joined. A record that needs no merge
+//! (the common case) is copied as stored, and runs of them out of one block
+//! in one copy, straight into the caller's slot, CRC computed on the way.
+//!
+//! An import decodes chunks as they arrive (each checked before any of its
+//! records is used) into new segment files that no reader sees; only after
+//! the last chunk, when every file is durable, are they installed, like a
+//! restore: a mask over the owner's states in the range, the new layers
+//! above it. A bad chunk, a refused state or a failed write abandons the
+//! files and leaves the store as it was. State ids are local to a store, so
+//! the stream names its states and the caller resolves each name to a
+//! local id; records are rewritten to the local ids on the way in.
+
+use std::cmp::Reverse;
+
+use super::*;
+use crate::manifest::state_set;
+use crate::snapshot::{
+    ChunkDecoder, ChunkEncoder, ChunkSlot, Decoded, Item, SnapshotError, StateDesc, encode_states,
+};
+
+/// Exports (and imports) in progress at once per store.
+pub const MAX_EXPORTS: usize = 1024;
+pub const MAX_IMPORTS: usize = 1024;
+/// Layers an export can merge (cursor numbers fit its read tokens).
+const MAX_EXPORT_LAYERS: usize = 4095;
+/// Blocks per export read (1 MiB at the 4 KiB block size) and reads in
+/// flight per layer.
+const EXPORT_READ_BLOCKS: usize = 256;
+const EXPORT_READS: usize = 2;
+/// Bytes one `export_fill` writes at most: bounds the pause it costs the
+/// other work of the thread that calls it.
+const FILL_BUDGET: usize = 1 << 20;
+
+/// What to export.
+#[derive(Clone, Debug)]
+pub struct ExportSpec {
+    pub owner: Vec<u8>,
+    /// Written into every chunk; the importer checks all chunks carry it.
+    pub snapshot_id: u64,
+    pub lo: u16,
+    pub hi: u16,
+    /// The owner's states (their records are exported), with the names
+    /// and kinds an importer resolves them by.
+    pub states: Vec<StateDesc>,
+}
+
+/// What `export_fill` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// Waiting for a flush or a read: call again after `poll`.
+    Wait,
+    /// Progress, the slot is not full yet: call again with the same slot.
+    Again,
+    /// The slot holds a whole chunk of `len` bytes; the next call starts a
+    /// new chunk (in any slot). After the `last` one the export is over.
+    Chunk { len: usize, last: bool },
+}
+
+/// What to import into.
+#[derive(Clone, Debug)]
+pub struct ImportSpec {
+    pub owner: Vec<u8>,
+    pub lo: u16,
+    pub hi: u16,
+    /// Every state id of the owner now: their records in `lo..=hi` are
+    /// replaced by the snapshot's.
+    pub states: Vec<u32>,
+}
+
+/// What `import_chunk` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportStep {
+    /// The chunk was checked and its records written (not yet visible).
+    Consumed,
+    /// It was the last chunk: `poll` completes the token once the
+    /// snapshot is durable and installed (`Output::Imported`), or with
+    /// the error that stopped it.
+    Finishing,
+}
+
+/// What an import installed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Imported {
+    pub chunks: u32,
+    pub groups: u32,
+    pub records: u64,
+    /// Key groups (and their records) outside the range, skipped.
+    pub skipped_groups: u32,
+    pub skipped_records: u64,
+    /// New layers (segment files) installed.
+    pub layers: u32,
+}
+
+pub(super) struct Export {
+    enc: ChunkEncoder,
+    /// Captured layers (order, segment, what of it the export holds) and
+    /// frozen memtables still to be flushed.
+    layers: Vec<(u64, Rc<Segment>, Clip)>,
+    waiting: Vec<(u64, Clip)>,
+    started: bool,
+    /// Newest first, each with its clip.
+    cursors: Vec<Cursor>,
+    clips: Vec<Clip>,
+    /// Bytes of an item that did not fit the previous chunk.
+    carry: Vec<u8>,
+    carry_at: usize,
+    /// A clear marker (its base key and cursor): older layers' keys under
+    /// it are hidden.
+    clear: Option<(Vec<u8>, usize)>,
+    merged: Vec<u8>,
+    finished: bool,
+    cancelled: bool,
+    error: Option<StoreError>,
+}
+
+pub(super) struct Import {
+    spec: ImportSpec,
+    decoder: Option<ChunkDecoder>,
+    /// Snapshot state id -> (local id, writer), sorted by snapshot id.
+    map: Vec<(u32, u32, usize)>,
+    /// Local ids per writer (a writer's ids ascend with the snapshot's, so
+    /// its keys stay sorted after rewriting).
+    writer_states: Vec<Vec<u32>>,
+    writers: Vec<Option<SegmentWriter>>,
+    /// Writers whose file is complete (durable, footer included).
+    complete: Vec<bool>,
+    key: Vec<u8>,
+    token: Option<u64>,
+    decoded: Option<Decoded>,
+    error: Option<StoreError>,
+    cancelled: bool,
+}
+
+impl Export {
+    fn in_flight(&self) -> bool {
+        self.cursors.iter().any(|c| c.reads_in_flight() > 0)
+    }
+
+    /// Writes `bytes` into the chunk; what does not fit is carried to the
+    /// next one. Whether the chunk is full.
+    fn emit<S: ChunkSlot + ?Sized>(
+        enc: &mut ChunkEncoder,
+        carry: &mut Vec<u8>,
+        slot: &mut S,
+        bytes: &[u8],
+    ) -> bool {
+        let n = enc.put(slot, bytes);
+        if n < bytes.len() {
+            carry.extend_from_slice(&bytes[n..]);
+            return true;
+        }
+        false
+    }
+
+    /// Fills `slot` from where the previous call stopped.
+    fn fill<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S) -> Fill {
+        let start = self.enc.pos();
+        loop {
+            if self.carry_at < self.carry.len() {
+                let n = self.enc.put(slot, &self.carry[self.carry_at..]);
+                self.carry_at += n;
+                if self.carry_at < self.carry.len() {
+                    let len = self.enc.end(slot, false);
+                    return Fill::Chunk { len, last: false };
+                }
+                self.carry.clear();
+                self.carry_at = 0;
+            }
+            if self.finished {
+                let len = self.enc.end(slot, true);
+                return Fill::Chunk { len, last: true };
+            }
+            if self.enc.pos().saturating_sub(start) >= FILL_BUDGET {
+                return Fill::Again;
+            }
+            match self.step(slot) {
+                Some(true) => {
+                    let len = self.enc.end(slot, false);
+                    return Fill::Chunk { len, last: false };
+                }
+                Some(false) => {}
+                None => return Fill::Wait,
+            }
+        }
+    }
+
+    /// Emits the next key (or a run of keys). `Some(full)`, or `None` when
+    /// a layer's next block is still being read.
+    fn step<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S) -> Option<bool> {
+        let mut live = 0;
+        let mut only = 0;
+        for (i, c) in self.cursors.iter_mut().enumerate() {
+            match c.at() {
+                At::Waiting => return None,
+                At::Record => {
+                    live += 1;
+                    only = i;
+                }
+                At::Finished => {}
+            }
+        }
+        if live == 0 {
+            self.finished = true;
+            return Some(false);
+        }
+        if live == 1 && self.clear.is_none() {
+            return Some(self.run(only, slot));
+        }
+        Some(self.merge(slot))
+    }
+
+    /// One layer left: copies the longest run of plain puts of one key
+    /// group out of its current block in one piece.
+    fn run<S: ChunkSlot + ?Sized>(&mut self, ci: usize, slot: &mut S) -> bool {
+        let plain = self.cursors[ci].block().is_some_and(|b| {
+            let r = b.view().record(self.cursors[ci].rec);
+            r.kind == Kind::Put && self.clips[ci].admits(r.key)
+        });
+        if !plain {
+            // Not copied as stored: through the general path.
+            return self.merge(slot);
+        }
+        let (Some(b), at) = self.cursors[ci].split() else {
+            return false;
+        };
+        let v = b.view();
+        let clip = &self.clips[ci];
+        let first = v.record(*at);
+        let kg = keys::key_group(first.key);
+        if let Some(h) = self.enc.group_header(kg)
+            && Self::emit(&mut self.enc, &mut self.carry, slot, &h)
+        {
+            // The header is carried; the run starts the next chunk.
+            return true;
+        }
+        let span = v.raw(&first);
+        let base = span.as_ptr() as usize;
+        let mut end = base + span.len();
+        let mut j = *at + 1;
+        let room = slot.slot_len().saturating_sub(self.enc.pos());
+        while j < v.len() && end - base < room {
+            let r = v.record(j);
+            let raw = v.raw(&r);
+            if r.kind != Kind::Put
+                || raw.as_ptr() as usize != end
+                || keys::key_group(r.key) != kg
+                || !clip.admits(r.key)
+            {
+                break;
+            }
+            end += raw.len();
+            j += 1;
+        }
+        *at = j;
+        // `first`'s bytes through record `j - 1`'s, adjacent in the block.
+        let whole = v.raw_span(&first, end - base);
+        Self::emit(&mut self.enc, &mut self.carry, slot, whole)
+    }
+
+    /// The smallest key over every layer, merged.
+    fn merge<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S) -> bool {
+        let mut min: Option<&[u8]> = None;
+        for c in &self.cursors {
+            if let Some(b) = c.block() {
+                let k = b.view().record(c.rec).key;
+                if min.is_none_or(|m| k < m) {
+                    min = Some(k);
+                }
+            }
+        }
+        let Some(min) = min else {
+            return false;
+        };
+        let key = min.to_vec();
+        if self
+            .clear
+            .as_ref()
+            .is_some_and(|(cb, _)| !key.starts_with(cb))
+        {
+            // Keys ascend: nothing under that clear marker follows.
+            self.clear = None;
+        }
+        let mut operands: Vec<&[u8]> = Vec::new();
+        let mut base: Option<&[u8]> = None;
+        let mut raw: Option<&[u8]> = None;
+        let mut decided = false;
+        let mut clear_rank = None;
+        for (rank, c) in self.cursors.iter_mut().enumerate() {
+            let (Some(b), at) = c.split() else { continue };
+            let v = b.view();
+            if *at >= v.len() {
+                continue;
+            }
+            let rec = v.record(*at);
+            if rec.key != &key[..] {
+                continue;
+            }
+            *at += 1;
+            if decided || !self.clips[rank].admits(&key) {
+                continue;
+            }
+            if let Some((cb, cr)) = &self.clear
+                && key.starts_with(cb)
+                && key.len() > cb.len()
+                && rank > *cr
+            {
+                continue;
+            }
+            match rec.kind {
+                Kind::Put => {
+                    if operands.is_empty() {
+                        raw = Some(v.raw(&rec));
+                    }
+                    base = Some(rec.value);
+                    decided = true;
+                }
+                Kind::Delete => decided = true,
+                Kind::Clear => {
+                    clear_rank = Some(rank);
+                    decided = true;
+                }
+                Kind::Merge => operands.push(rec.value),
+            }
+        }
+        if let Some(r) = clear_rank {
+            self.clear = Some((key.clone(), r));
+        }
+        if raw.is_none() && base.is_none() && operands.is_empty() {
+            return false;
+        }
+        let kg = keys::key_group(&key);
+        if let Some(h) = self.enc.group_header(kg)
+            && Self::emit(&mut self.enc, &mut self.carry, slot, &h)
+        {
+            // Everything after the header is carried too.
+            match raw {
+                Some(r) => self.carry.extend_from_slice(r),
+                None => {
+                    let rec = merged_record(&mut self.merged, &key, base, &operands);
+                    self.carry.extend_from_slice(rec);
+                }
+            }
+            return true;
+        }
+        match raw {
+            Some(r) => Self::emit(&mut self.enc, &mut self.carry, slot, r),
+            None => {
+                let rec = merged_record(&mut self.merged, &key, base, &operands);
+                Self::emit(&mut self.enc, &mut self.carry, slot, rec)
+            }
+        }
+    }
+}
+
+/// A put record of `key` whose value is `base` followed by the operands,
+/// oldest first (operands come newest first).
+fn merged_record<'a>(
+    out: &'a mut Vec<u8>,
+    key: &[u8],
+    base: Option<&[u8]>,
+    operands: &[&[u8]],
+) -> &'a [u8] {
+    let vlen = base.map_or(0, <[u8]>::len) + operands.iter().map(|o| o.len()).sum::<usize>();
+    out.clear();
+    out.extend_from_slice(&[Kind::Put as u8, 0]);
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(vlen as u32).to_le_bytes());
+    out.extend_from_slice(key);
+    if let Some(b) = base {
+        out.extend_from_slice(b);
+    }
+    for o in operands.iter().rev() {
+        out.extend_from_slice(o);
+    }
+    out
+}
+
+impl Import {
+    fn in_flight(&self) -> bool {
+        self.writers.iter().flatten().any(|w| !w.idle())
+    }
+}
+
+impl<I: Io> Store<I> {
+    /// The synchronous part of a portable export of `spec.owner`'s states
+    /// in key groups `spec.lo..=spec.hi` (like a checkpoint's: freezes the
+    /// memtable and captures the layers; later writes are not exported).
+    /// Returns the export's id for [`Store::export_fill`].
+    pub fn export(&mut self, spec: ExportSpec) -> Result<usize, StoreError> {
+        if spec.lo > spec.hi {
+            return Err(StoreError::Invalid("key-group range with lo > hi"));
+        }
+        if self.exports.len() >= MAX_EXPORTS {
+            return Err(StoreError::Limit(format!(
+                "{MAX_EXPORTS} exports are in progress"
+            )));
+        }
+        self.freeze();
+        let keep = Region {
+            lo: spec.lo,
+            hi: spec.hi,
+            states: Some(state_set(spec.states.iter().map(|s| s.id).collect())),
+        };
+        let mut layers = Vec::new();
+        for seg in &self.segments {
+            if seg.footer.max_kg < spec.lo || seg.footer.min_kg > spec.hi {
+                continue;
+            }
+            if let Some(clip) = self.capture_clip(seg.footer.order, seg.clip.as_ref(), &keep) {
+                layers.push((seg.footer.order, seg.clone(), clip));
+            }
+        }
+        let waiting: Vec<(u64, Clip)> = self
+            .frozen
+            .iter()
+            .filter_map(|(o, _)| Some((*o, self.capture_clip(*o, None, &keep)?)))
+            .collect();
+        if layers.len() + waiting.len() > MAX_EXPORT_LAYERS {
+            return Err(StoreError::Limit(format!(
+                "the range has {} layers; compact before exporting",
+                layers.len() + waiting.len()
+            )));
+        }
+        Ok(self.exports.insert(Export {
+            enc: ChunkEncoder::new(spec.snapshot_id),
+            layers,
+            waiting,
+            started: false,
+            cursors: Vec::new(),
+            clips: Vec::new(),
+            carry: encode_states(&spec.states),
+            carry_at: 0,
+            clear: None,
+            merged: Vec::new(),
+            finished: false,
+            cancelled: false,
+            error: None,
+        }))
+    }
+
+    /// Writes export `id`'s next bytes into `slot` (at least 4 KiB; a
+    /// whole chunk is [`crate::snapshot::CHUNK_LEN`]). A slot must be
+    /// passed again until it returns `Chunk`. An error ends the export.
+    pub fn export_fill<S: ChunkSlot + ?Sized>(
+        &mut self,
+        id: usize,
+        slot: &mut S,
+    ) -> Result<Fill, StoreError> {
+        let Some(e) = self.exports.get_mut(id).filter(|e| !e.cancelled) else {
+            return Err(StoreError::Invalid("no such export"));
+        };
+        if slot.slot_len() < 4096 {
+            return Err(StoreError::Invalid("a chunk slot of less than 4 KiB"));
+        }
+        if let Some(err) = e.error.take() {
+            self.export_cancel(id);
+            return Err(err);
+        }
+        if !e.started {
+            if !e.waiting.is_empty() {
+                return Ok(Fill::Wait);
+            }
+            e.layers.sort_by_key(|l| Reverse(l.0));
+            for (_, seg, clip) in e.layers.drain(..) {
+                e.cursors
+                    .push(Cursor::new(seg, EXPORT_READ_BLOCKS, EXPORT_READS));
+                e.clips.push(clip);
+            }
+            e.started = true;
+        }
+        let fill = e.fill(slot);
+        for (ci, c) in e.cursors.iter_mut().enumerate() {
+            c.read_ahead(&mut self.io, |first| {
+                tag(
+                    TAG_EXPORT_READ,
+                    ((id as u64) << 44) | ((ci as u64) << 32) | first as u64,
+                )
+            });
+        }
+        let _ = self.io.submit();
+        if let Fill::Chunk { last: true, .. } = fill {
+            self.exports.remove(id);
+        }
+        Ok(fill)
+    }
+
+    /// Abandons export `id` (its reads in flight finish first).
+    pub fn export_cancel(&mut self, id: usize) {
+        if let Some(e) = self.exports.get_mut(id) {
+            e.cancelled = true;
+            e.layers.clear();
+            if !e.in_flight() {
+                self.exports.remove(id);
+            }
+        }
+    }
+
+    pub(super) fn export_read_done(&mut self, v: u64, c: IoCompletion) {
+        let (id, ci, first) = (
+            (v >> 44) as usize,
+            ((v >> 32) & 0xfff) as usize,
+            (v & 0xffff_ffff) as usize,
+        );
+        let Some(e) = self.exports.get_mut(id) else {
+            return;
+        };
+        if let Err(err) = e.cursors[ci].read_done(first, c) {
+            e.error.get_or_insert(err);
+        }
+        if e.cancelled && !e.in_flight() {
+            self.exports.remove(id);
+        }
+    }
+
+    /// A frozen memtable became `seg`: exports waiting for it take it.
+    pub(super) fn export_layer_flushed(&mut self, seg: &Rc<Segment>) {
+        let order = seg.footer.order;
+        for (_, e) in self.exports.iter_mut() {
+            if let Some(i) = e.waiting.iter().position(|(o, _)| *o == order) {
+                let (_, clip) = e.waiting.swap_remove(i);
+                if seg.footer.max_kg >= clip.keep.lo && seg.footer.min_kg <= clip.keep.hi {
+                    e.layers.push((order, seg.clone(), clip));
+                }
+            }
+        }
+    }
+
+    /// A flush failed: exports waiting for one fail with its error.
+    pub(super) fn fail_export_waiters(&mut self, err: &StoreError) {
+        for (_, e) in self.exports.iter_mut() {
+            if !e.waiting.is_empty() {
+                e.error.get_or_insert_with(|| err.clone());
+            }
+        }
+    }
+
+    /// Starts importing a snapshot into `spec.owner`'s key groups
+    /// `spec.lo..=spec.hi`. Returns the import's id.
+    pub fn import_begin(&mut self, spec: ImportSpec) -> Result<usize, StoreError> {
+        if spec.lo > spec.hi {
+            return Err(StoreError::Invalid("key-group range with lo > hi"));
+        }
+        if self.imports.len() >= MAX_IMPORTS {
+            return Err(StoreError::Limit(format!(
+                "{MAX_IMPORTS} imports are in progress"
+            )));
+        }
+        Ok(self.imports.insert(Import {
+            decoder: Some(ChunkDecoder::new(spec.lo, spec.hi)),
+            spec,
+            map: Vec::new(),
+            writer_states: Vec::new(),
+            writers: Vec::new(),
+            complete: Vec::new(),
+            key: Vec::new(),
+            token: None,
+            decoded: None,
+            error: None,
+            cancelled: false,
+        }))
+    }
+
+    /// Checks one chunk of import `id` and writes its records. `resolve`
+    /// gives the local id of each state the snapshot names (or refuses
+    /// it). After the last chunk, `token` completes through `poll`. An
+    /// error abandons the import; nothing of it is installed.
+    pub fn import_chunk(
+        &mut self,
+        id: usize,
+        chunk: &[u8],
+        token: u64,
+        resolve: &mut dyn FnMut(&StateDesc) -> Result<u32, String>,
+    ) -> Result<ImportStep, StoreError> {
+        let Some(imp) = self
+            .imports
+            .get_mut(id)
+            .filter(|i| !i.cancelled && i.token.is_none())
+        else {
+            return Err(StoreError::Invalid("no such import, or it is finishing"));
+        };
+        if let Some(e) = imp.error.take() {
+            self.import_cancel(id);
+            return Err(e);
+        }
+        let dir = self.cfg.dir.clone();
+        let io = &mut self.io;
+        let serial = &mut self.next_import_file;
+        let mut decoder = imp.decoder.take().expect("a live import has its decoder");
+        let fed = decoder.feed(chunk, |item| match item {
+            Item::States(table) => imp.resolve_states(table, resolve),
+            Item::Record(_, key, value) => imp.add(io, &dir, serial, id, key, value),
+        });
+        let done = decoder.done();
+        imp.decoder = Some(decoder);
+        if let Err(e) = fed {
+            // A store error (a full disk) beats the refusal it caused.
+            let err = imp
+                .error
+                .take()
+                .unwrap_or_else(|| StoreError::Snapshot(e.to_string()));
+            self.import_cancel(id);
+            return Err(err);
+        }
+        if !done {
+            return Ok(ImportStep::Consumed);
+        }
+        let imp = &mut self.imports[id];
+        let decoded = imp
+            .decoder
+            .take()
+            .expect("kept above")
+            .finish()
+            .expect("the decoder saw its last chunk");
+        imp.decoded = Some(decoded);
+        imp.token = Some(token);
+        for w in imp.writers.iter_mut().flatten() {
+            w.finish(&mut self.io);
+        }
+        self.step_imports();
+        Ok(ImportStep::Finishing)
+    }
+
+    /// Abandons import `id`: its files are deleted (once its writes in
+    /// flight finish).
+    pub fn import_cancel(&mut self, id: usize) {
+        let Some(imp) = self.imports.get_mut(id) else {
+            return;
+        };
+        imp.cancelled = true;
+        for w in imp.writers.iter().flatten() {
+            let _ = std::fs::remove_file(&w.path);
+        }
+        if !imp.in_flight() {
+            let imp = self.imports.remove(id);
+            for w in imp.writers.into_iter().flatten() {
+                self.io.close(w.file);
+            }
+        }
+    }
+
+    pub(super) fn import_io_done(&mut self, t: u64, v: u64, r: Result<usize, i32>) {
+        let (id, w) = ((v >> 16) as usize, (v & 0xffff) as usize);
+        let Some(imp) = self.imports.get_mut(id) else {
+            return;
+        };
+        let Some(writer) = imp.writers[w].as_mut() else {
+            return;
+        };
+        if t == TAG_IMPORT_WRITE {
+            writer.write_done(r);
+        } else {
+            match writer.synced(&mut self.io, r) {
+                Ok(true) => imp.complete[w] = true,
+                Ok(false) => {}
+                Err(e) => {
+                    imp.error.get_or_insert(e);
+                }
+            }
+        }
+        if imp.cancelled {
+            if !imp.in_flight() {
+                self.import_cancel(id);
+            }
+            return;
+        }
+        self.step_imports();
+    }
+
+    /// Advances finishing imports: fsyncs, then the install.
+    pub(super) fn step_imports(&mut self) {
+        let keys: Vec<usize> = self
+            .imports
+            .iter()
+            .filter(|(_, i)| i.token.is_some() && !i.cancelled)
+            .map(|(k, _)| k)
+            .collect();
+        for k in keys {
+            let imp = &mut self.imports[k];
+            let token = imp.token.expect("filtered");
+            let mut err = imp.error.take();
+            for (w, writer) in imp.writers.iter_mut().enumerate() {
+                let Some(writer) = writer else { continue };
+                if err.is_none() && !imp.complete[w] {
+                    let t = tag(TAG_IMPORT_SYNC, ((k as u64) << 16) | w as u64);
+                    if let Err(e) = writer.sync_if_written(&mut self.io, t) {
+                        err = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = err {
+                self.import_cancel(k);
+                self.done.push_back((token, Err(e)));
+                continue;
+            }
+            if imp
+                .writers
+                .iter()
+                .zip(&imp.complete)
+                .all(|(w, c)| w.is_none() || *c)
+            {
+                let imp = self.imports.remove(k);
+                let r = self.install_import(imp);
+                self.done.push_back((token, r.map(Resolved::Imported)));
+            }
+        }
+    }
+
+    fn install_import(&mut self, imp: Import) -> Result<Imported, StoreError> {
+        let d = imp.decoded.clone().unwrap_or_default();
+        let mut added = Vec::new();
+        let mut states = imp.spec.states.clone();
+        for (writer, mine) in imp.writers.into_iter().zip(imp.writer_states) {
+            let Some(writer) = writer else { continue };
+            states.extend_from_slice(&mine);
+            let id = self.next_segment_id;
+            self.next_segment_id += 1;
+            let mut seg = writer.into_segment(id);
+            seg.clip = Some(Clip {
+                keep: Region {
+                    lo: imp.spec.lo,
+                    hi: imp.spec.hi,
+                    states: Some(state_set(mine)),
+                },
+                drop: Vec::new(),
+            });
+            added.push(seg);
+        }
+        let layers = added.len() as u32;
+        let paths: Vec<PathBuf> = added.iter().map(|s| s.path.clone()).collect();
+        self.install_layers(added, imp.spec.lo, imp.spec.hi, states)
+            .inspect_err(|_| {
+                for p in &paths {
+                    let _ = std::fs::remove_file(p);
+                }
+            })?;
+        Ok(Imported {
+            chunks: d.chunks,
+            groups: d.groups,
+            records: d.records,
+            skipped_groups: d.skipped_groups,
+            skipped_records: d.skipped_records,
+            layers,
+        })
+    }
+
+    /// Masks `states` in key groups `lo..=hi` in every existing layer and
+    /// places `added` (newest first) above them, durably (the layer list
+    /// is rewritten). On an error nothing changed and `added` is closed.
+    pub(super) fn install_layers(
+        &mut self,
+        added: Vec<Segment>,
+        lo: u16,
+        hi: u16,
+        states: Vec<u32>,
+    ) -> Result<usize, StoreError> {
+        self.freeze();
+        let mask = KgDelete {
+            region: Region {
+                lo,
+                hi,
+                states: Some(state_set(states)),
+            },
+            max_order: self.next_order - 1,
+        };
+        let mut ids = Vec::new();
+        for mut s in added.into_iter().rev() {
+            s.footer.order = self.next_order;
+            s.footer.min_order = self.next_order;
+            self.next_order += 1;
+            ids.push(s.id);
+            self.segments.push(Rc::new(s));
+        }
+        sort_layers(&mut self.segments);
+        if let Err(e) = self.push_mask(mask) {
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
+                .into_iter()
+                .partition(|s| ids.contains(&s.id));
+            self.segments = kept;
+            for s in gone {
+                self.io.close(s.file);
+            }
+            return Err(e);
+        }
+        self.rebalance_cache();
+        Ok(ids.len())
+    }
+}
+
+impl Import {
+    /// Maps each snapshot state to a local id and a writer. A writer takes
+    /// states whose local ids ascend with the snapshot's (so rewritten keys
+    /// stay sorted): one writer when the orders agree, as in a restore on
+    /// the same daemon.
+    fn resolve_states(
+        &mut self,
+        table: &[StateDesc],
+        resolve: &mut dyn FnMut(&StateDesc) -> Result<u32, String>,
+    ) -> Result<(), SnapshotError> {
+        let mut sorted: Vec<&StateDesc> = table.iter().collect();
+        sorted.sort_by_key(|s| s.id);
+        for s in sorted {
+            let local = resolve(s).map_err(SnapshotError::Refused)?;
+            if self.map.iter().any(|m| m.1 == local) {
+                return Err(SnapshotError::Refused(format!(
+                    "two states of the snapshot are state {} here",
+                    String::from_utf8_lossy(&s.name)
+                )));
+            }
+            let w = match self
+                .writer_states
+                .iter()
+                .position(|ids| ids.last().is_some_and(|&l| l < local))
+            {
+                Some(w) => w,
+                None => {
+                    self.writer_states.push(Vec::new());
+                    self.writers.push(None);
+                    self.complete.push(false);
+                    self.writer_states.len() - 1
+                }
+            };
+            self.writer_states[w].push(local);
+            self.map.push((s.id, local, w));
+        }
+        if self.writers.len() > 0xffff {
+            return Err(SnapshotError::Refused(
+                "too many states out of order".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes one record, its state id rewritten to the local one.
+    fn add<I: Io>(
+        &mut self,
+        io: &mut I,
+        dir: &Path,
+        serial: &mut u64,
+        id: usize,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), SnapshotError> {
+        let sid = keys::state_id(key).expect("the decoder checked the key's length");
+        let &(_, local, w) = self
+            .map
+            .iter()
+            .find(|m| m.0 == sid)
+            .expect("the decoder checked the state is in the table");
+        if keys::base_len(key).is_none() {
+            return Err(SnapshotError::Refused(
+                "a record whose key is malformed".into(),
+            ));
+        }
+        if self.writers[w].is_none() {
+            let path = dir.join(segment::import_file_name(*serial));
+            *serial += 1;
+            let t = tag(TAG_IMPORT_WRITE, ((id as u64) << 16) | w as u64);
+            match SegmentWriter::create_at(io, path, 0, 0, 0, t) {
+                Ok(writer) => self.writers[w] = Some(writer),
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+        self.key.clear();
+        self.key.extend_from_slice(key);
+        self.key[2..6].copy_from_slice(&local.to_be_bytes());
+        let writer = self.writers[w].as_mut().expect("created above");
+        if let Some(e) = writer.error.clone() {
+            return Err(self.fail(e));
+        }
+        writer.add(io, Kind::Put, &self.key, value);
+        Ok(())
+    }
+
+    /// Keeps a store error for `import_chunk` to return; the decoder stops.
+    fn fail(&mut self, e: StoreError) -> SnapshotError {
+        let msg = e.to_string();
+        self.error = Some(e);
+        SnapshotError::Refused(msg)
+    }
+}

@@ -1,0 +1,248 @@
+//! Portable snapshots at the edges: exact 4 MiB chunk boundaries, a key
+//! group larger than a chunk, empty states, states that resolve to other
+//! ids in another order, chunks of another snapshot, and a crash in the
+//! middle of an import.
+
+mod common;
+
+use common::{Owned, export_chunks, import_chunks, run, settle_fully};
+use stator_store::io::SyncIo;
+use stator_store::snapshot::{CHUNK_LEN, ChunkDecoder, HEADER_LEN, StateDesc, encode_states};
+use stator_store::{
+    ExportSpec, ImportSpec, ImportStep, KeyRef, Op, StateKind, Store, StoreConfig, StoreError,
+};
+
+const OWNER: &[u8] = b"job\0op";
+
+fn open(dir: &std::path::Path) -> Store<SyncIo> {
+    let mut cfg = StoreConfig::new(dir, 1 << 30);
+    cfg.memtable_bytes = Some(64 << 20);
+    Store::open(cfg, SyncIo::new(true)).expect("open").0
+}
+
+fn kr(kg: u16, state: u32, key: &[u8]) -> KeyRef<'_> {
+    KeyRef {
+        key_group: kg,
+        state,
+        key,
+        namespace: b"",
+    }
+}
+
+fn value(s: &mut Store<SyncIo>, kg: u16, state: u32, key: &[u8]) -> Option<Vec<u8>> {
+    match run(s, Op::Get(kr(kg, state, key))).unwrap() {
+        Owned::Value(v) => v,
+        o => panic!("{o:?}"),
+    }
+}
+
+fn desc(id: u32, name: &str) -> StateDesc {
+    StateDesc {
+        id,
+        kind: StateKind::Value,
+        name: name.as_bytes().to_vec(),
+    }
+}
+
+fn export_spec(lo: u16, hi: u16, states: Vec<StateDesc>) -> ExportSpec {
+    ExportSpec {
+        owner: OWNER.to_vec(),
+        snapshot_id: 77,
+        lo,
+        hi,
+        states,
+    }
+}
+
+fn import_spec(lo: u16, hi: u16, states: Vec<u32>) -> ImportSpec {
+    ImportSpec {
+        owner: OWNER.to_vec(),
+        lo,
+        hi,
+        states,
+    }
+}
+
+/// Records fill chunk 0 to exactly 4 MiB; key group 3 alone spans several
+/// chunks; key groups without records do not appear; the states come back
+/// under other ids in the reverse order (two files keep keys sorted).
+#[test]
+fn exact_boundaries_large_groups_and_reordered_states_round_trip() {
+    let d1 = tempfile::tempdir().unwrap();
+    let mut s = open(d1.path());
+    let states = vec![desc(1, "a"), desc(2, "b")];
+    let table = encode_states(&states).len();
+    // One record: header 8 + key (kg 2, state 4, len 4, key 4, ns len 4)
+    // + value. Key group 1 holds n records of state 1 sized so that the
+    // table, its group header and them fill the payload exactly.
+    let key_len = 2 + 4 + 4 + 4 + 4;
+    let payload = CHUNK_LEN - HEADER_LEN - table - 8;
+    let n = 64usize;
+    let rec = payload / n;
+    let extra = payload - rec * n;
+    let mut want = Vec::new();
+    for i in 0..n as u32 {
+        let vlen = rec - 8 - key_len + if i == n as u32 - 1 { extra } else { 0 };
+        let v = vec![i as u8; vlen];
+        run(&mut s, Op::Put(kr(1, 1, &i.to_be_bytes()), &v)).unwrap();
+        want.push((1u16, 1u32, i, v));
+    }
+    // Key group 3: about 10 MiB over both states.
+    for i in 0..2500u32 {
+        let st = 1 + i % 2;
+        let v = vec![(i % 251) as u8; 4000];
+        run(&mut s, Op::Put(kr(3, st, &i.to_be_bytes()), &v)).unwrap();
+        want.push((3, st, i, v));
+    }
+    // Another owner's state in the range is not exported.
+    run(&mut s, Op::Put(kr(3, 9, b"other"), b"x")).unwrap();
+    s.flush();
+    settle_fully(&mut s);
+    let chunks = export_chunks(&mut s, export_spec(0, 9, states.clone()), CHUNK_LEN).unwrap();
+    assert_eq!(chunks[0].len(), CHUNK_LEN, "chunk 0 is exactly full");
+    assert!(chunks.len() >= 4, "key group 3 spans chunks");
+    assert!(chunks.iter().all(|c| c.len() <= CHUNK_LEN));
+    let mut dec = ChunkDecoder::new(0, u16::MAX);
+    for c in &chunks {
+        dec.feed(c, |_| Ok(())).unwrap();
+    }
+    let stats = dec.finish().unwrap();
+    assert_eq!(stats.groups, 2, "empty key groups cost nothing");
+    assert_eq!(stats.records, want.len() as u64);
+
+    // Into another store where "a" is 20 and "b" is 10.
+    let d2 = tempfile::tempdir().unwrap();
+    let mut t = open(d2.path());
+    run(&mut t, Op::Put(kr(1, 20, b"old"), b"gone after the import")).unwrap();
+    run(&mut t, Op::Put(kr(5, 30, b"kept"), b"another state")).unwrap();
+    let names: [(&[u8], u32); 2] = [(b"a", 20), (b"b", 10)];
+    let r = import_chunks(&mut t, import_spec(0, 9, vec![10, 20]), &chunks, &names).unwrap();
+    assert_eq!(r.records, want.len() as u64);
+    assert_eq!(r.layers, 2, "reversed ids need two files");
+    for (kg, st, i, v) in &want {
+        let local = if *st == 1 { 20 } else { 10 };
+        assert_eq!(
+            value(&mut t, *kg, local, &i.to_be_bytes()).as_ref(),
+            Some(v)
+        );
+    }
+    assert_eq!(value(&mut t, 1, 20, b"old"), None);
+    assert_eq!(
+        value(&mut t, 5, 30, b"kept"),
+        Some(b"another state".to_vec())
+    );
+    assert_eq!(value(&mut t, 3, 9, b"other"), None);
+    // It survives a reopen, and a compaction.
+    drop(t);
+    let mut t = open(d2.path());
+    t.compact_all();
+    settle_fully(&mut t);
+    for (kg, st, i, v) in want.iter().step_by(97) {
+        let local = if *st == 1 { 20 } else { 10 };
+        assert_eq!(
+            value(&mut t, *kg, local, &i.to_be_bytes()).as_ref(),
+            Some(v)
+        );
+    }
+
+    // A narrower range skips (and counts) the other key groups.
+    let d3 = tempfile::tempdir().unwrap();
+    let mut u = open(d3.path());
+    let r = import_chunks(&mut u, import_spec(2, 5, vec![10, 20]), &chunks, &names).unwrap();
+    assert_eq!((r.skipped_groups, r.skipped_records), (1, n as u64));
+    assert_eq!(r.records, 2500);
+    assert_eq!(value(&mut u, 1, 20, &0u32.to_be_bytes()), None);
+}
+
+/// An export of nothing is one chunk holding the state table; importing
+/// it empties the range.
+#[test]
+fn an_empty_state_exports_one_chunk_and_imports_as_empty() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path());
+    let chunks = export_chunks(&mut s, export_spec(0, 3, vec![desc(1, "a")]), CHUNK_LEN).unwrap();
+    assert_eq!(chunks.len(), 1);
+    run(&mut s, Op::Put(kr(2, 1, b"k"), b"v")).unwrap();
+    let r = import_chunks(&mut s, import_spec(0, 3, vec![1]), &chunks, &[(b"a", 1)]).unwrap();
+    assert_eq!((r.records, r.layers), (0, 0));
+    assert_eq!(value(&mut s, 2, 1, b"k"), None);
+}
+
+/// Corrupt, foreign and unresolvable snapshots are refused and change
+/// nothing; an import cut by a crash leaves no file and no state.
+#[test]
+fn bad_snapshots_and_a_crash_mid_import_change_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path());
+    for i in 0..3000u32 {
+        run(&mut s, Op::Put(kr(1, 1, &i.to_be_bytes()), &[7u8; 3000])).unwrap();
+    }
+    let a = export_chunks(&mut s, export_spec(0, 3, vec![desc(1, "a")]), CHUNK_LEN).unwrap();
+    let mut spec = export_spec(0, 3, vec![desc(1, "a")]);
+    spec.snapshot_id = 78;
+    let b = export_chunks(&mut s, spec, CHUNK_LEN).unwrap();
+    assert!(a.len() >= 3);
+    // The live state differs from the snapshot.
+    run(&mut s, Op::Put(kr(1, 1, b"live"), b"kept")).unwrap();
+    let names: [(&[u8], u32); 1] = [(b"a", 1)];
+    let check = |s: &mut Store<SyncIo>| {
+        assert_eq!(value(s, 1, 1, b"live"), Some(b"kept".to_vec()));
+        let files: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("imp-"))
+            .collect();
+        assert!(files.is_empty(), "import files left: {files:?}");
+    };
+    let spec = import_spec(0, 3, vec![1]);
+    let mut bad = a.clone();
+    bad[1][HEADER_LEN + 100] ^= 1;
+    let r = import_chunks(&mut s, spec.clone(), &bad, &names);
+    assert!(
+        matches!(&r, Err(StoreError::Snapshot(m)) if m.contains("checksum")),
+        "{r:?}"
+    );
+    check(&mut s);
+    let mut mixed = a.clone();
+    mixed[1] = b[1].clone();
+    let r = import_chunks(&mut s, spec.clone(), &mixed, &names);
+    assert!(
+        matches!(&r, Err(StoreError::Snapshot(m)) if m.contains("snapshot")),
+        "{r:?}"
+    );
+    check(&mut s);
+    let r = import_chunks(&mut s, spec.clone(), &a[..a.len() - 1], &names);
+    assert!(r.is_err());
+    check(&mut s);
+    let r = import_chunks(&mut s, spec.clone(), &a, &[(b"z", 1)]);
+    assert!(
+        matches!(&r, Err(StoreError::Snapshot(m)) if m.contains("no state a")),
+        "{r:?}"
+    );
+    check(&mut s);
+    // Two chunks in, then the process dies.
+    let id = s.import_begin(spec.clone()).unwrap();
+    let mut resolve = |_: &StateDesc| Ok(1);
+    for c in &a[..2] {
+        assert_eq!(
+            s.import_chunk(id, c, 1, &mut resolve).unwrap(),
+            ImportStep::Consumed
+        );
+    }
+    s.flush();
+    settle_fully(&mut s);
+    drop(s);
+    let mut s = open(d.path());
+    check(&mut s);
+    assert_eq!(
+        value(&mut s, 1, 1, &5u32.to_be_bytes()),
+        Some(vec![7u8; 3000])
+    );
+    // And the good snapshot still imports.
+    import_chunks(&mut s, spec, &a, &names).unwrap();
+    assert_eq!(value(&mut s, 1, 1, b"live"), None);
+    assert_eq!(
+        value(&mut s, 1, 1, &5u32.to_be_bytes()),
+        Some(vec![7u8; 3000])
+    );
+}
