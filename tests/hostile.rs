@@ -40,6 +40,7 @@ fn raw_session(socket: &std::path::Path) -> Raw {
         sq_entries: 256,
         cq_entries: 256,
         arena_bytes: 1 << 20,
+        chunk_slots: 0,
     }
     .encode(&mut f);
     sock.write_all(&f).unwrap();
@@ -379,6 +380,7 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         sq_entries: 0,
         cq_entries: 0,
         arena_bytes: 0,
+        chunk_slots: 0,
     }
     .encode(&mut f);
     s.write_all(&f).unwrap();

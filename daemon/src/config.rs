@@ -52,6 +52,11 @@ pub struct SessionLimits {
     pub max_states: u32,
     /// Descriptors taken from one session per shard pass (fairness).
     pub batch: u32,
+    /// 4 MiB snapshot chunk slots when the client asks for none (shared
+    /// memory pages cost nothing until a snapshot touches them).
+    pub chunk_slots: u32,
+    /// Most chunk slots a client may ask for.
+    pub max_chunk_slots: u32,
 }
 
 impl Default for Config {
@@ -81,6 +86,8 @@ impl Default for SessionLimits {
             max_in_flight: 1 << 17,
             max_states: 4096,
             batch: 64,
+            chunk_slots: 4,
+            max_chunk_slots: 64,
         }
     }
 }
@@ -187,6 +194,12 @@ impl Config {
             return Err(invalid(
                 "session.arena_mib",
                 "must be in 1..=session.max_arena_mib, and session.max_arena_mib at most 4096",
+            ));
+        }
+        if s.chunk_slots == 0 || s.chunk_slots > s.max_chunk_slots || s.max_chunk_slots > 256 {
+            return Err(invalid(
+                "session.chunk_slots",
+                "must be in 1..=session.max_chunk_slots, and session.max_chunk_slots at most 256",
             ));
         }
         if s.max_in_flight == 0 {

@@ -72,7 +72,13 @@ impl Registry {
     }
 
     /// The store-wide id of a state, registering it (durably) if new.
-    fn register(&mut self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, (i32, String)> {
+    pub fn register(
+        &mut self,
+        job: &str,
+        op: &str,
+        name: &str,
+        k: u8,
+    ) -> Result<u32, (i32, String)> {
         let key = (job.to_string(), op.to_string(), name.to_string());
         if let Some(&i) = self.index.get(&key) {
             let e = &self.entries[i];
@@ -124,6 +130,21 @@ impl Registry {
         let ids = mine.iter().map(|e| e.id).collect();
         let meta = serde_json::to_vec(&mine).unwrap_or_default();
         (ids, meta)
+    }
+
+    /// Every state of an operator, as a portable snapshot names it.
+    pub fn operator_descs(&self, job: &str, op: &str) -> Vec<stator_store::snapshot::StateDesc> {
+        self.entries
+            .iter()
+            .filter(|e| e.job == job && e.operator == op)
+            .filter_map(|e| {
+                Some(stator_store::snapshot::StateDesc {
+                    id: e.id,
+                    kind: state_kind(e.kind)?,
+                    name: e.name.as_bytes().to_vec(),
+                })
+            })
+            .collect()
     }
 
     fn save(&self) -> std::io::Result<()> {
@@ -307,13 +328,14 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
                 sq_entries,
                 cq_entries,
                 arena_bytes,
+                chunk_slots,
             } => match open(
                 ctx,
                 version,
                 &job,
                 &operator,
                 (subtask, parallelism, max_parallelism),
-                (sq_entries, cq_entries, arena_bytes),
+                (sq_entries, cq_entries, arena_bytes, chunk_slots),
             ) {
                 Ok((o, resp, fds)) => {
                     resp.encode(&mut out);
@@ -387,7 +409,7 @@ fn open(
     job: &str,
     operator: &str,
     (subtask, parallelism, max_parallelism): (u32, u32, u32),
-    (sq, cq, arena): (u32, u32, u64),
+    (sq, cq, arena, chunk_slots): (u32, u32, u64, u32),
 ) -> Result<(Open, Response, crate::shard::SessionFds), Refusal> {
     let bad = |m: String| Err((status::BAD_REQUEST, m));
     if version != CONTROL_VERSION {
@@ -448,6 +470,20 @@ fn open(
             ),
         ));
     }
+    let chunk_slots = if chunk_slots == 0 {
+        lim.chunk_slots
+    } else {
+        chunk_slots
+    };
+    if chunk_slots > lim.max_chunk_slots {
+        return Err((
+            status::LIMIT,
+            format!(
+                "{chunk_slots} chunk slots exceed session.max_chunk_slots ({})",
+                lim.max_chunk_slots
+            ),
+        ));
+    }
     if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_sessions {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
         return Err((
@@ -473,7 +509,7 @@ fn open(
         cq_entries,
         buf_entries: cq_entries,
         arena_len,
-        chunk_len: 0,
+        chunk_len: chunk_slots as u64 * stator_store::snapshot::CHUNK_LEN as u64,
     };
     let (tx, rx) = crossbeam_channel::bounded(1);
     let sent = ctx.shards[shard].send(ShardMsg::Open {

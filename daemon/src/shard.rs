@@ -15,7 +15,7 @@
 //! reserved when a descriptor is taken, so a completion always has room
 //! and daemon memory never grows with a client that does not reap.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -26,13 +26,15 @@ use slab::Slab;
 use stator_ring::cqe::cqe_flags;
 use stator_ring::queue::QueueError;
 use stator_ring::session::TakeBufError;
-use stator_ring::sqe::{SegRange, iter_mode, sqe_flags};
+use stator_ring::sqe::{CANCEL_EXPORT, SegRange, iter_mode, sqe_flags};
 use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
 use stator_shm::Segment;
+use stator_shm::ShmView;
 use stator_store::io::UringIo;
+use stator_store::snapshot::{CHUNK_LEN, ChunkSlot, HEADER_LEN, StateDesc};
 use stator_store::{
-    CheckpointSpec, IterMode, KeyRef, Notify, Op, Output, RestoreSpec, Restored, StateKind, Store,
-    StoreError, Submitted,
+    CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, IterMode, KeyRef, Notify, Op, Output,
+    RestoreSpec, Restored, StateKind, Store, StoreError, Submitted,
 };
 
 use crate::control::Registry;
@@ -138,6 +140,45 @@ struct Session {
     cq_blocked: bool,
     /// The client broke the queue protocol; nothing more is taken.
     broken: bool,
+    /// 4 MiB slots of the chunk region.
+    chunk_slots: u32,
+    export: Option<ExportState>,
+    import: Option<ImportState>,
+}
+
+/// A session's portable export (PROTOCOL.md §5.1): slots the client
+/// released to it are filled in order, one chunk each.
+struct ExportState {
+    snapshot: u64,
+    /// The store's export; `None` once it ended (later releases of this
+    /// snapshot complete with `NotFound`).
+    id: Option<usize>,
+    /// Released slots waiting for a chunk: (slot, user_data).
+    queue: VecDeque<(u32, u64)>,
+    next_chunk: u32,
+}
+
+/// A session's import in progress: the client's import id, the store's.
+struct ImportState {
+    import: u64,
+    id: usize,
+}
+
+/// A chunk slot in shared memory: written, never read back (the client may
+/// be scribbling on it; the CRC is computed from the store's bytes).
+struct ShmChunk<'a, 'b> {
+    view: &'b ShmView<'a>,
+    off: usize,
+}
+
+impl ChunkSlot for ShmChunk<'_, '_> {
+    fn slot_len(&self) -> usize {
+        CHUNK_LEN
+    }
+    fn write_at(&mut self, off: usize, bytes: &[u8]) {
+        // In bounds: the region holds whole slots (checked at open).
+        let _ = self.view.write_from(self.off + off, bytes);
+    }
 }
 
 /// Where a result goes.
@@ -196,6 +237,8 @@ pub struct Shard {
     tokens: Vec<u64>,
     sqes: Vec<Sqe>,
     ready: Vec<u64>,
+    /// A chunk being imported, copied out of shared memory.
+    chunk: Vec<u8>,
     stopping: bool,
     pub stats: ShardStats,
 }
@@ -211,6 +254,7 @@ fn status_of(e: &StoreError) -> Status {
         StoreError::Dir { .. } => Status::Internal,
         StoreError::Restore(_) => Status::BadArgument,
         StoreError::Limit(_) => Status::Busy,
+        StoreError::Snapshot(_) => Status::BadSnapshot,
     }
 }
 
@@ -295,6 +339,12 @@ fn completion(ring: &Ring<'_>, p: &Pending, res: Result<Output<'_>, StoreError>)
             c
         }
         Ok(Output::Value(None)) => answer(user_data, Status::NotFound, out),
+        Ok(Output::Imported(i)) => {
+            let mut c = answer(user_data, Status::Ok, out);
+            c.aux = i.records;
+            c.flags |= cqe_flags::LAST;
+            c
+        }
         Ok(Output::Value(Some(v))) => write_result(ring, user_data, out, &[v]),
         Ok(Output::Page {
             data,
@@ -340,6 +390,7 @@ impl Shard {
             tokens: Vec::new(),
             sqes: Vec::new(),
             ready: Vec::new(),
+            chunk: Vec::new(),
             stopping: false,
             stats: ShardStats::default(),
         }
@@ -362,6 +413,7 @@ impl Shard {
                 }
             }
             progress |= self.reap();
+            progress |= self.drive_exports();
             self.publish();
             if progress {
                 idle_since = None;
@@ -498,6 +550,9 @@ impl Shard {
             dirty: false,
             cq_blocked: false,
             broken: false,
+            chunk_slots: (layout.chunk_len / CHUNK_LEN) as u32,
+            export: None,
+            import: None,
         });
         self.by_id.insert(id, slot);
         self.stats.sessions_opened += 1;
@@ -512,6 +567,12 @@ impl Shard {
             return;
         };
         let s = self.sessions.remove(slot);
+        if let Some(id) = s.export.and_then(|e| e.id) {
+            self.store.export_cancel(id);
+        }
+        if let Some(i) = s.import {
+            self.store.import_cancel(i.id);
+        }
         s.mem.borrow_dependent().mark_closing();
         if s.armed {
             // Fire the armed poll so the ring lets go of the eventfd; its
@@ -536,6 +597,7 @@ impl Shard {
             sqes,
             stats,
             batch,
+            chunk,
             ..
         } = self;
         let s = &mut sessions[slot];
@@ -550,6 +612,8 @@ impl Shard {
         let max_in_flight = s.max_in_flight;
         let cq_blocked = &mut s.cq_blocked;
         let to_client = &s.to_client;
+        let chunk_slots = s.chunk_slots;
+        let (export, import) = (&mut s.export, &mut s.import);
         let r = s
             .mem
             .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
@@ -582,10 +646,17 @@ impl Shard {
                         ring.view().prefetch(base + q.key.off as usize, false);
                     }
                     stats.requests += 1;
-                    if matches!(
+                    let barrier = matches!(
                         Opcode::from_u8(sqe.opcode),
-                        Some(Opcode::Checkpoint | Opcode::CheckpointNotify)
-                    ) {
+                        Some(
+                            Opcode::Checkpoint
+                                | Opcode::CheckpointNotify
+                                | Opcode::SnapshotExport
+                                | Opcode::SnapshotImport
+                                | Opcode::ChunkRelease
+                        )
+                    );
+                    if barrier {
                         // A barrier: every earlier request takes effect
                         // (or fixes its snapshot) first.
                         run_batch(
@@ -598,9 +669,25 @@ impl Shard {
                             (items, tokens, scratch),
                         )?;
                         let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
-                        if let Some(c) =
+                        let c = if matches!(
+                            Opcode::from_u8(sqe.opcode),
+                            Some(Opcode::Checkpoint | Opcode::CheckpointNotify)
+                        ) {
                             checkpoint_op(store, ring, sqe, who, registry, pending, sid, in_flight)
-                        {
+                        } else {
+                            let ctx = SnapshotCtx {
+                                registry,
+                                pending,
+                                sid,
+                                in_flight,
+                                chunk_slots,
+                                export,
+                                import,
+                                chunk,
+                            };
+                            snapshot_op(store, ring, sqe, who, ctx)
+                        };
+                        if let Some(c) = c {
                             push(ring, &c)?;
                         }
                         continue;
@@ -704,6 +791,65 @@ impl Shard {
             self.store.discard_checkpoint(&h);
         }
         n > 0
+    }
+
+    /// Fills the slots clients released to their exports, a bounded step
+    /// each. True if a step made progress without waiting.
+    fn drive_exports(&mut self) -> bool {
+        let mut progress = false;
+        let Shard {
+            store, sessions, ..
+        } = self;
+        for (_, s) in sessions.iter_mut() {
+            let Some(e) = s.export.as_mut() else { continue };
+            let (Some(id), Some(&(slot, user_data))) = (e.id, e.queue.front()) else {
+                continue;
+            };
+            let in_flight = &mut s.in_flight;
+            let r = s.mem.with_dependent_mut(|_, ring| -> Result<(), QueueError> {
+                let off = ring.layout().chunk_off + slot as usize * CHUNK_LEN;
+                let mut target = ShmChunk {
+                    view: ring.view(),
+                    off,
+                };
+                let mut c = Cqe::status(user_data, Status::Ok);
+                match store.export_fill(id, &mut target) {
+                    Ok(Fill::Wait) => return Ok(()),
+                    Ok(Fill::Again) => {
+                        progress = true;
+                        return Ok(());
+                    }
+                    Ok(Fill::Chunk { len, last }) => {
+                        progress = true;
+                        c.len = len as u32;
+                        c.aux = e.next_chunk as u64;
+                        e.next_chunk += 1;
+                        if last {
+                            c.flags |= cqe_flags::LAST;
+                            e.id = None;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(snapshot = e.snapshot, error = %err, "snapshot export failed");
+                        c.status = status_of(&err) as i32;
+                        e.id = None;
+                    }
+                }
+                e.queue.pop_front();
+                *in_flight -= 1;
+                push(ring, &c)?;
+                if e.id.is_none() {
+                    // The export is over: the other released slots go back.
+                    end_export(ring, e, in_flight)?;
+                }
+                Ok(())
+            });
+            if r.is_err() {
+                s.broken = true;
+            }
+            s.dirty = true;
+        }
+        progress
     }
 
     /// Publishes the completions of every session that has new ones, and
@@ -1086,6 +1232,170 @@ fn checkpoint_op(
         Err(e) => {
             let p = pending.remove(tok);
             Some(completion(ring, &p, Err(e)))
+        }
+    }
+}
+
+/// What a snapshot request may touch of its shard and session.
+struct SnapshotCtx<'s> {
+    registry: &'s Mutex<Registry>,
+    pending: &'s mut Slab<Pending>,
+    sid: u64,
+    in_flight: &'s mut u32,
+    chunk_slots: u32,
+    export: &'s mut Option<ExportState>,
+    import: &'s mut Option<ImportState>,
+    chunk: &'s mut Vec<u8>,
+}
+
+/// Completes the slots still released to an ended export with `NotFound`.
+fn end_export(
+    ring: &mut Ring<'_>,
+    e: &mut ExportState,
+    in_flight: &mut u32,
+) -> Result<(), QueueError> {
+    while let Some((_, user_data)) = e.queue.pop_front() {
+        *in_flight -= 1;
+        push(ring, &Cqe::status(user_data, Status::NotFound))?;
+    }
+    Ok(())
+}
+
+/// `SnapshotExport`, `ChunkRelease` and `SnapshotImport` (every earlier
+/// request of the session has been run). `None`: completes later.
+fn snapshot_op(
+    store: &mut Store<UringIo>,
+    ring: &mut Ring<'_>,
+    sqe: &Sqe,
+    (owner, job, operator, (lo, hi)): Owner<'_>,
+    cx: SnapshotCtx<'_>,
+) -> Option<Cqe> {
+    let v = match sqe.validate(ring.arena()) {
+        Ok(v) => v,
+        Err(e) => return Some(Cqe::status(sqe.user_data, Status::from(e))),
+    };
+    let done = |st: Status| Some(Cqe::status(v.user_data, st));
+    let lock = || cx.registry.lock().unwrap_or_else(|p| p.into_inner());
+    match v.op {
+        Opcode::SnapshotExport => {
+            if cx.export.as_ref().is_some_and(|e| e.id.is_some()) {
+                return done(Status::Busy);
+            }
+            let states = lock().operator_descs(job, operator);
+            let spec = ExportSpec {
+                owner: owner.to_vec(),
+                snapshot_id: v.arg,
+                lo,
+                hi,
+                states,
+            };
+            match store.export(spec) {
+                Ok(id) => {
+                    *cx.export = Some(ExportState {
+                        snapshot: v.arg,
+                        id: Some(id),
+                        queue: VecDeque::new(),
+                        next_chunk: 0,
+                    });
+                    done(Status::Ok)
+                }
+                Err(e) => done(status_of(&e)),
+            }
+        }
+        Opcode::ChunkRelease => {
+            let Some(e) = cx.export.as_mut().filter(|e| e.snapshot == v.arg) else {
+                return done(Status::BadArgument);
+            };
+            if v.arg2 == CANCEL_EXPORT {
+                if let Some(id) = e.id.take() {
+                    store.export_cancel(id);
+                }
+                if end_export(ring, e, cx.in_flight).is_err() {
+                    return done(Status::Internal);
+                }
+                return done(Status::Ok);
+            }
+            if v.arg2 >= cx.chunk_slots || e.queue.iter().any(|q| q.0 == v.arg2) {
+                return done(Status::BadArgument);
+            }
+            if e.id.is_none() {
+                return done(Status::NotFound);
+            }
+            e.queue.push_back((v.arg2, v.user_data));
+            *cx.in_flight += 1;
+            None
+        }
+        _ => {
+            // SnapshotImport: the chunk in slot `arg2`, of import `arg`.
+            if v.arg2 >= cx.chunk_slots {
+                return done(Status::BadArgument);
+            }
+            if cx.import.as_ref().is_some_and(|i| i.import != v.arg) {
+                return done(Status::Busy);
+            }
+            let off = ring.layout().chunk_off + v.arg2 as usize * CHUNK_LEN;
+            let mut h = [0u8; HEADER_LEN];
+            let _ = ring.view().read_into(off, &mut h);
+            let len = HEADER_LEN + u32::from_le_bytes(h[20..24].try_into().expect("4")) as usize;
+            let len = len.min(CHUNK_LEN);
+            // A private copy: the checks and the records see bytes the
+            // client can no longer change.
+            cx.chunk.resize(len, 0);
+            let _ = ring.view().read_into(off, &mut cx.chunk[..]);
+            let id = match cx.import.as_ref() {
+                Some(i) => i.id,
+                None => {
+                    let (states, _) = lock().operator_states(job, operator);
+                    let spec = ImportSpec {
+                        owner: owner.to_vec(),
+                        lo,
+                        hi,
+                        states,
+                    };
+                    match store.import_begin(spec) {
+                        Ok(id) => {
+                            *cx.import = Some(ImportState { import: v.arg, id });
+                            id
+                        }
+                        Err(e) => return done(status_of(&e)),
+                    }
+                }
+            };
+            let tok = cx.pending.insert(Pending {
+                session: cx.sid,
+                user_data: v.user_data,
+                op: v.op,
+                out: Out::None,
+            });
+            // Each state the snapshot names becomes (or is) a state of this
+            // operator, by name and kind.
+            let mut resolve = |d: &StateDesc| -> Result<u32, String> {
+                let name = std::str::from_utf8(&d.name)
+                    .map_err(|_| "a state name that is not UTF-8".to_string())?;
+                let k = match d.kind {
+                    StateKind::Value => stator_ring::control::kind::VALUE,
+                    StateKind::List => stator_ring::control::kind::LIST,
+                    StateKind::Map => stator_ring::control::kind::MAP,
+                };
+                lock().register(job, operator, name, k).map_err(|(_, m)| m)
+            };
+            match store.import_chunk(id, &cx.chunk[..], tok as u64, &mut resolve) {
+                Ok(ImportStep::Consumed) => {
+                    cx.pending.remove(tok);
+                    done(Status::Ok)
+                }
+                Ok(ImportStep::Finishing) => {
+                    *cx.import = None;
+                    *cx.in_flight += 1;
+                    None
+                }
+                Err(e) => {
+                    cx.pending.remove(tok);
+                    *cx.import = None;
+                    tracing::warn!(import = v.arg, error = %e, "snapshot import refused");
+                    done(status_of(&e))
+                }
+            }
         }
     }
 }

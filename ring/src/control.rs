@@ -72,6 +72,9 @@ pub enum Request {
         sq_entries: u32,
         cq_entries: u32,
         arena_bytes: u64,
+        /// 4 MiB chunk slots for portable snapshots (0: the daemon's
+        /// default). Encoded last; a frame without it asks for 0.
+        chunk_slots: u32,
     },
     /// Registers (or finds) a state of this session's operator.
     Register { kind: u8, name: String },
@@ -215,6 +218,7 @@ impl Request {
                 sq_entries,
                 cq_entries,
                 arena_bytes,
+                chunk_slots,
             } => {
                 out.push(msg::OPEN);
                 out.extend_from_slice(&version.to_le_bytes());
@@ -230,6 +234,7 @@ impl Request {
                 out.extend_from_slice(&arena_bytes.to_le_bytes());
                 put_str(out, job);
                 put_str(out, operator);
+                out.extend_from_slice(&chunk_slots.to_le_bytes());
             }
             Request::Register { kind, name } => {
                 out.push(msg::REGISTER);
@@ -264,6 +269,7 @@ impl Request {
                 let arena_bytes = r.u64()?;
                 let job = r.str()?;
                 let operator = r.str()?;
+                let chunk_slots = if r.0.is_empty() { 0 } else { r.u32()? };
                 Request::Open {
                     version,
                     job,
@@ -274,6 +280,7 @@ impl Request {
                     sq_entries,
                     cq_entries,
                     arena_bytes,
+                    chunk_slots,
                 }
             }
             msg::REGISTER => {
@@ -416,6 +423,7 @@ mod tests {
                 sq_entries: 1024,
                 cq_entries: 0,
                 arena_bytes: 1 << 20,
+                chunk_slots: 2,
             },
             Request::Register {
                 kind: kind::MAP,
@@ -432,9 +440,17 @@ mod tests {
             let n = frame_len(buf[..4].try_into().unwrap()).unwrap();
             assert_eq!(n, buf.len() - 4);
             assert_eq!(&Request::decode(&buf[4..]).unwrap(), q);
-            // Every truncation is an error, never a panic.
+            // Every truncation is an error, never a panic, except an Open
+            // without its trailing chunk_slots (older clients): 0.
             for cut in 4..buf.len() {
-                assert!(Request::decode(&buf[4..cut]).is_err());
+                match (q, Request::decode(&buf[4..cut])) {
+                    (Request::Open { .. }, Ok(Request::Open { chunk_slots, .. }))
+                        if cut == buf.len() - 4 =>
+                    {
+                        assert_eq!(chunk_slots, 0)
+                    }
+                    (_, r) => assert!(r.is_err(), "cut at {cut}: {r:?}"),
+                }
             }
         }
         let resps = [

@@ -33,6 +33,9 @@ pub mod cqe_flags {
     pub const BUFFER: u32 = 1 << 0;
     /// Map iterate: more entries follow; resume after the last user key.
     pub const MORE: u32 = 1 << 1;
+    /// Snapshot chunks: the snapshot's last chunk (export), or the import
+    /// is installed (the last chunk's completion).
+    pub const LAST: u32 = 1 << 2;
 }
 
 macro_rules! statuses {
@@ -81,6 +84,7 @@ statuses! {
     ShuttingDown = -16, "the daemon is shutting down";
     Remote = -17, "remote storage failed";
     Internal = -18, "internal daemon error";
+    BadSnapshot = -19, "a snapshot chunk failed its checks (checksum, framing, snapshot id, order, states); the import was abandoned and nothing of it installed";
 }
 
 impl std::fmt::Display for Status {

@@ -88,6 +88,14 @@ pub mod notify_kind {
     pub const SUBSUME: u32 = 3;
 }
 
+/// `arg2` of `ChunkRelease` that cancels the export instead of naming a slot.
+pub const CANCEL_EXPORT: u32 = u32::MAX;
+
+/// Bytes of one chunk slot of the chunk region (a whole snapshot chunk,
+/// `store/FORMAT.md` §13). The region holds `chunk_len / CHUNK_SLOT_LEN`
+/// slots.
+pub const CHUNK_SLOT_LEN: usize = 4 << 20;
+
 macro_rules! opcodes {
     ($($(#[$m:meta])* $name:ident = $v:literal, $fields:expr;)*) => {
         /// Every request the protocol defines. Numbers are part of the wire

@@ -165,6 +165,20 @@ impl<'a> ShmView<'a> {
         Ok(p.cast())
     }
 
+    /// `off..off+len` as a byte slice, read in place (a snapshot chunk:
+    /// megabytes the reader hands on without copying).
+    ///
+    /// # Safety
+    /// Nothing may write the range while the slice lives: the protocol must
+    /// give the caller the range (a chunk slot the peer has handed back and
+    /// will not touch until it is handed over again).
+    pub unsafe fn slice(&self, off: usize, len: usize) -> Result<&'a [u8], OutOfBounds> {
+        self.check(off, len)?;
+        // SAFETY: in bounds (checked above) and mapped for the view's
+        // lifetime `'a`; the caller guarantees no writer meanwhile.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) })
+    }
+
     /// The raw address of `off..off+len`, for handing to the kernel (for
     /// example as an io_uring read target). Bounds-checked; what the caller
     /// does with the pointer is its own `unsafe` business.

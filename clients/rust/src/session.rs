@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use stator_ring::control::{self, CONTROL_VERSION, Request as CtlRequest, Response, frame_len};
 use stator_ring::cqe::cqe_flags;
-use stator_ring::sqe::{iter_mode, sqe_flags};
+use stator_ring::sqe::{CANCEL_EXPORT, CHUNK_SLOT_LEN, iter_mode, sqe_flags};
 use stator_ring::{BufRef, ClientRing, Cqe, Doorbell, Opcode, Sqe, Status};
 use stator_shm::Segment;
 use stator_shm::arena::{ArenaAllocator, ArenaBuf};
@@ -47,6 +47,8 @@ pub struct OpenOptions {
     pub read_capacity: u32,
     /// How long a waiting call spins before it sleeps.
     pub spin: Duration,
+    /// 4 MiB chunk slots for portable snapshots (0: the daemon's default).
+    pub chunk_slots: u32,
 }
 
 impl OpenOptions {
@@ -63,6 +65,7 @@ impl OpenOptions {
             arena_bytes: 0,
             read_capacity: 1024,
             spin: Duration::from_micros(50),
+            chunk_slots: 0,
         }
     }
 }
@@ -165,6 +168,47 @@ impl<'a> Request<'a> {
         }
     }
 
+    /// Starts a portable export of this session's state (its operator's
+    /// states in its key groups) as snapshot `snapshot_id`: a barrier like
+    /// a checkpoint, completing once the snapshot is fixed. Then hand chunk
+    /// slots to it with [`Request::chunk_release`].
+    pub fn snapshot_export(snapshot_id: u64) -> Request<'a> {
+        Request {
+            arg: snapshot_id,
+            ..Request::new(Opcode::SnapshotExport, 0, 0, b"")
+        }
+    }
+
+    /// Hands chunk slot `slot` to export `snapshot_id`: it completes when
+    /// the slot holds the next chunk (`len` bytes, `last` on the last one;
+    /// `NotFound` once the export has ended).
+    pub fn chunk_release(snapshot_id: u64, slot: u32) -> Request<'a> {
+        Request {
+            arg: snapshot_id,
+            arg2: slot,
+            ..Request::new(Opcode::ChunkRelease, 0, 0, b"")
+        }
+    }
+
+    /// Abandons export `snapshot_id`; slots handed to it come back with
+    /// `NotFound`.
+    pub fn export_cancel(snapshot_id: u64) -> Request<'a> {
+        Request::chunk_release(snapshot_id, CANCEL_EXPORT)
+    }
+
+    /// Imports the chunk the client wrote into slot `slot` (see
+    /// [`Session::write_chunk`]) as part of import `import_id`; chunks in
+    /// order. The last chunk completes once the snapshot is installed
+    /// (`last`, `aux` = records); a bad chunk fails with `BadSnapshot` and
+    /// nothing of the import is installed.
+    pub fn snapshot_import(import_id: u64, slot: u32) -> Request<'a> {
+        Request {
+            arg: import_id,
+            arg2: slot,
+            ..Request::new(Opcode::SnapshotImport, 0, 0, b"")
+        }
+    }
+
     /// Map iteration of one page (`after`: resume after that user key).
     pub fn map_iter(
         state: u32,
@@ -243,6 +287,12 @@ pub struct Completion<'a> {
     pub more: bool,
     /// With `ResultTooLarge`: the size the result needs.
     pub needed: u32,
+    /// Snapshot chunks: the chunk slot this request held (the client's
+    /// again now), the chunk's length, and whether it was the last chunk
+    /// (export) or the import is installed.
+    pub slot: Option<u32>,
+    pub len: u32,
+    pub last: bool,
 }
 
 impl Completion<'_> {
@@ -263,6 +313,8 @@ struct InFlight {
     token: u64,
     input: Option<ArenaBuf>,
     output: Option<ArenaBuf>,
+    /// The chunk slot the request holds.
+    slot: Option<u32>,
 }
 
 /// An open session.
@@ -280,6 +332,9 @@ pub struct Session {
     dead: Option<String>,
     frame: Vec<u8>,
     scratch: Vec<u8>,
+    /// Chunk slots handed to the daemon (a `ChunkRelease` or
+    /// `SnapshotImport` not completed yet): the client must not touch them.
+    held: Vec<bool>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> Error {
@@ -323,6 +378,7 @@ impl Session {
             sq_entries: o.sq_entries,
             cq_entries: o.cq_entries,
             arena_bytes: o.arena_bytes,
+            chunk_slots: o.chunk_slots,
         }
         .encode(&mut frame);
         sock.write_all(&frame).map_err(Error::gone)?;
@@ -361,6 +417,7 @@ impl Session {
         let seg = Segment::attach(fds.pop().expect("3 fds")).map_err(io_err)?;
         let mem = Mem::try_new(seg, |s| ClientRing::attach(s.view())).map_err(io_err)?;
         let arena_len = mem.borrow_dependent().layout().arena.len;
+        let chunk_slots = (mem.borrow_dependent().layout().chunk_len / CHUNK_SLOT_LEN) as u32;
         Ok(Session {
             sock,
             mem,
@@ -375,6 +432,7 @@ impl Session {
             dead: None,
             frame,
             scratch: Vec::new(),
+            held: vec![false; chunk_slots as usize],
         })
     }
 
@@ -444,6 +502,169 @@ impl Session {
         }
     }
 
+    /// Chunk slots of this session's chunk region (4 MiB each).
+    pub fn chunk_slots(&self) -> u32 {
+        self.held.len() as u32
+    }
+
+    fn slot_off(&self, slot: u32, len: usize) -> Result<usize, Error> {
+        if self.held.get(slot as usize) != Some(&false) || len > CHUNK_SLOT_LEN {
+            return Err(Error::Protocol(format!(
+                "chunk slot {slot} is not this client's, or {len} bytes exceed a slot"
+            )));
+        }
+        Ok(self.mem.borrow_dependent().layout().chunk_off + slot as usize * CHUNK_SLOT_LEN)
+    }
+
+    /// The first `len` bytes of chunk slot `slot`, read in place (a chunk
+    /// an export completion announced; hand it on, then release the slot
+    /// again). Refused for a slot handed to the daemon.
+    pub fn chunk(&self, slot: u32, len: usize) -> Result<&[u8], Error> {
+        let off = self.slot_off(slot, len)?;
+        // SAFETY: the daemon writes a slot only while it holds it (from a
+        // `ChunkRelease` or `SnapshotImport` to its completion); `held`
+        // tracks that and refuses such slots, and the slice borrows `self`,
+        // so no submit can hand the slot over while it lives.
+        unsafe { self.mem.borrow_owner().view().slice(off, len) }.map_err(io_err)
+    }
+
+    /// Copies a chunk into slot `slot` (for [`Request::snapshot_import`]).
+    pub fn write_chunk(&mut self, slot: u32, chunk: &[u8]) -> Result<(), Error> {
+        let off = self.slot_off(slot, chunk.len())?;
+        self.mem
+            .borrow_owner()
+            .view()
+            .write_from(off, chunk)
+            .map_err(io_err)
+    }
+
+    /// Exports this session's state as snapshot `snapshot_id`, handing each
+    /// chunk to `sink` in order while it sits in shared memory (every slot
+    /// is kept busy: the daemon fills the next while `sink` runs). Needs no
+    /// other request in flight. Returns the chunks' count.
+    pub fn export_snapshot(
+        &mut self,
+        snapshot_id: u64,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<u32, Error> {
+        if self.in_flight() > 0 || self.chunk_slots() == 0 {
+            return Err(Error::Protocol(
+                "export_snapshot needs an idle session with chunk slots".into(),
+            ));
+        }
+        const START: u64 = u64::MAX;
+        self.submit(&Request::snapshot_export(snapshot_id), START)?;
+        self.flush()?;
+        self.wait_one(START)?;
+        for slot in 0..self.chunk_slots() {
+            self.submit(&Request::chunk_release(snapshot_id, slot), slot as u64)?;
+        }
+        self.flush()?;
+        // Chunks are handed on in index order (`aux`), whatever order
+        // their completions are read in.
+        let mut next = 0u32;
+        let mut done = false;
+        let mut failed: Option<Error> = None;
+        let mut ready: Vec<(u32, u32, u32, bool)> = Vec::new();
+        while self.in_flight() > 0 {
+            self.wait(None)?;
+            self.poll(|c| {
+                if let Err(e) = c.check() {
+                    failed.get_or_insert(e);
+                }
+                if c.status == Ok(Status::Ok) {
+                    ready.push((c.aux as u32, c.slot.unwrap_or(0), c.len, c.last));
+                }
+            })?;
+            while let Some(i) = ready.iter().position(|r| r.0 == next) {
+                let (_, slot, len, last) = ready.swap_remove(i);
+                if failed.is_none()
+                    && let Err(e) = sink(self.chunk(slot, len as usize)?)
+                {
+                    failed = Some(Error::Protocol(format!("the chunk sink failed: {e}")));
+                    self.submit(&Request::export_cancel(snapshot_id), u64::MAX - 1)?;
+                }
+                next += 1;
+                done |= last;
+                if !done && failed.is_none() {
+                    self.submit(&Request::chunk_release(snapshot_id, slot), slot as u64)?;
+                }
+            }
+            self.flush()?;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None if done => Ok(next),
+            None => Err(Error::Protocol(
+                "the export ended without its last chunk".into(),
+            )),
+        }
+    }
+
+    /// Imports a snapshot from `chunks` (in order), as import `import_id`,
+    /// keeping every slot busy. Needs no other request in flight. Returns
+    /// the records installed.
+    pub fn import_snapshot<C: AsRef<[u8]>>(
+        &mut self,
+        import_id: u64,
+        chunks: impl IntoIterator<Item = C>,
+    ) -> Result<u64, Error> {
+        if self.in_flight() > 0 || self.chunk_slots() == 0 {
+            return Err(Error::Protocol(
+                "import_snapshot needs an idle session with chunk slots".into(),
+            ));
+        }
+        let mut records = None;
+        let mut failed: Option<Error> = None;
+        let mut free: Vec<u32> = (0..self.chunk_slots()).rev().collect();
+        let mut chunks = chunks.into_iter().peekable();
+        loop {
+            while failed.is_none()
+                && let (Some(slot), Some(_)) = (free.last().copied(), chunks.peek())
+            {
+                let c = chunks.next().expect("peeked");
+                self.write_chunk(slot, c.as_ref())?;
+                self.submit(&Request::snapshot_import(import_id, slot), slot as u64)?;
+                free.pop();
+            }
+            self.flush()?;
+            if self.in_flight() == 0 {
+                break;
+            }
+            self.wait(None)?;
+            self.poll(|c| {
+                if let Err(e) = c.check() {
+                    failed.get_or_insert(e);
+                }
+                if c.last {
+                    records = Some(c.aux);
+                }
+                free.extend(c.slot);
+            })?;
+        }
+        match (failed, records) {
+            (Some(e), _) => Err(e),
+            (None, Some(n)) => Ok(n),
+            (None, None) => Err(Error::Protocol(
+                "the chunks ended before the snapshot's last one".into(),
+            )),
+        }
+    }
+
+    /// Waits for the completion of `token` (the only request in flight).
+    fn wait_one(&mut self, token: u64) -> Result<(), Error> {
+        let mut r = None;
+        while r.is_none() {
+            self.wait(None)?;
+            self.poll(|c| {
+                if c.token == token {
+                    r = Some(c.check());
+                }
+            })?;
+        }
+        r.expect("set above")
+    }
+
     fn alive(&self) -> Result<(), Error> {
         match &self.dead {
             Some(m) => Err(Error::DaemonGone(m.clone())),
@@ -490,6 +711,18 @@ impl Session {
         )>,
     ) -> Result<(), Error> {
         self.alive()?;
+        let slot = match r.op {
+            Opcode::SnapshotImport => Some(r.arg2),
+            Opcode::ChunkRelease if r.arg2 != CANCEL_EXPORT => Some(r.arg2),
+            _ => None,
+        };
+        if let Some(sl) = slot
+            && self.held.get(sl as usize) != Some(&false)
+        {
+            return Err(Error::Protocol(format!(
+                "chunk slot {sl} is not this client's (out of range, or handed to the daemon)"
+            )));
+        }
         let fields = r.op.fields();
         let value_len = match &writer {
             Some((n, _)) => *n as usize,
@@ -586,10 +819,14 @@ impl Session {
             }
             return Err(Error::Full);
         }
+        if let Some(sl) = slot {
+            self.held[sl as usize] = true;
+        }
         self.inflight.insert(InFlight {
             token,
             input,
             output,
+            slot,
         });
         Ok(())
     }
@@ -649,7 +886,13 @@ impl Session {
                 } else {
                     0
                 },
+                slot: inf.slot,
+                len: c.len,
+                last: c.flags & cqe_flags::LAST != 0,
             });
+            if let Some(sl) = inf.slot {
+                self.held[sl as usize] = false;
+            }
             for b in [inf.input, inf.output].into_iter().flatten() {
                 self.alloc.free(b);
             }
