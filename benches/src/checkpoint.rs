@@ -7,6 +7,12 @@
 //! should be flat in state size. The store runs over io_uring with
 //! O_DIRECT, one thread, a 256 MiB memory budget.
 //!
+//! Portable snapshots: the whole state is exported into a 4 MiB chunk slot
+//! (timed per chunk), then up to 256 MiB of the chunks are imported into a
+//! fresh store (until installed and durable). Both are compared, in GB/s,
+//! with the limit of the same bytes: memcpy into a slot plus CRC32C, from
+//! a buffer larger than the caches, measured in the same run.
+//!
 //! The RocksDB peer (cargo feature `rocksdb`) checkpoints the same state
 //! the way an incremental snapshot does: `create_checkpoint` (hard links
 //! plus a flush) and a copy of the files the previous checkpoint did not
@@ -16,7 +22,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stator_store::io::UringIo;
-use stator_store::{CheckpointSpec, Notify, Op, RestoreSpec, Store, StoreConfig};
+use stator_store::snapshot::{CHUNK_LEN, StateDesc};
+use stator_store::{
+    CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, Notify, Op, RestoreSpec, StateKind,
+    Store, StoreConfig,
+};
 
 use crate::report::{Bound, Case, Reporter, histogram};
 use crate::store::{PUT_BATCH, Rng, bench_dir, skey, value};
@@ -69,6 +79,16 @@ pub fn run(args: CheckpointArgs) {
     let mut flat: Vec<(u64, [u64; 5])> = Vec::new();
     for &mib in &sizes {
         let p50 = stator_size(&args, &mut r, mib, write_mib, rounds);
+        // A snapshot's share of what the bytes' copy and checksum allow.
+        for (what, ratio) in &p50.1 {
+            r.note(
+                SUITE,
+                &format!("{what} GB/s over memcpy+crc32c GB/s at {mib} MiB"),
+                *ratio,
+                Bound::AtLeast(0.5),
+            );
+        }
+        let p50 = p50.0;
         #[cfg(feature = "rocksdb")]
         crate::rocks::checkpoint_peer(&args, &mut r, mib, write_mib, rounds.min(8));
         flat.push((mib, p50));
@@ -159,15 +179,187 @@ fn settle(s: &mut Store<UringIo>) {
     }
 }
 
+/// Bytes of exported chunks kept for the import and the limit.
+const KEEP: usize = 256 << 20;
+
+/// Exports the whole state, imports up to [`KEEP`] bytes of it into a new
+/// store, and measures memcpy + CRC32C of the kept bytes. Returns the
+/// export's and the import's GB/s over the limit's.
+fn portable(
+    args: &CheckpointArgs,
+    s: &mut Store<UringIo>,
+    r: &mut Reporter,
+    mib: u64,
+) -> Vec<(&'static str, f64)> {
+    let states = vec![StateDesc {
+        id: 1,
+        kind: StateKind::Value,
+        name: b"v".to_vec(),
+    }];
+    let spec = ExportSpec {
+        owner: OWNER.to_vec(),
+        snapshot_id: mib,
+        lo: 0,
+        hi: KGS - 1,
+        states,
+    };
+    let mut slot = vec![0u8; CHUNK_LEN];
+    let mut kept: Vec<Vec<u8>> = Vec::new();
+    let (mut bytes, mut kept_bytes) = (0usize, 0usize);
+    let mut h = histogram();
+    let t0 = Instant::now();
+    let id = s.export(spec.clone()).expect("export");
+    let mut chunk_t = Instant::now();
+    loop {
+        match s.export_fill(id, &mut slot).expect("export") {
+            Fill::Chunk { len, last } => {
+                h.record(chunk_t.elapsed().as_nanos() as u64).expect("in range");
+                bytes += len;
+                if kept_bytes + len <= KEEP {
+                    kept.push(slot[..len].to_vec());
+                    kept_bytes += len;
+                }
+                if last {
+                    break;
+                }
+                chunk_t = Instant::now();
+            }
+            Fill::Again => {}
+            Fill::Wait => {
+                s.poll(|_, _| {});
+                if !s.background_runnable() {
+                    let _ = s.wait(Some(Duration::from_micros(200)));
+                }
+            }
+        }
+    }
+    let export = t0.elapsed();
+    let gbs = |b: usize, d: Duration| b as f64 / d.as_secs_f64() / 1e9;
+    let export_gbs = gbs(bytes, export);
+    r.case(
+        &Case::new(SUITE, format!("export/{mib}MiB"), h.len(), export)
+            .latency(h)
+            .with("gb_per_s", (export_gbs * 100.0).round() / 100.0)
+            .with("mib", bytes >> 20),
+    );
+    // The limit: the kept bytes copied into a slot and checksummed, chunk
+    // by chunk, as often as it takes to cover the exported bytes.
+    let mut h = histogram();
+    let mut crc = 0u32;
+    let t0 = Instant::now();
+    let mut done = 0;
+    while done < bytes {
+        for c in &kept {
+            let t = Instant::now();
+            slot[..c.len()].copy_from_slice(c);
+            crc ^= crc32c::crc32c(&slot[..c.len()]);
+            h.record(t.elapsed().as_nanos() as u64).expect("in range");
+            done += c.len();
+            if done >= bytes {
+                break;
+            }
+        }
+    }
+    let limit = t0.elapsed();
+    std::hint::black_box(crc);
+    let limit_gbs = gbs(done, limit);
+    r.case(
+        &Case::new(SUITE, format!("memcpy+crc32c/{mib}MiB"), h.len(), limit)
+            .latency(h)
+            .with("gb_per_s", (limit_gbs * 100.0).round() / 100.0),
+    );
+    // The import needs a whole stream: the full export if it was kept,
+    // else an export of as many key groups as fit the kept size.
+    if kept_bytes < bytes {
+        let hi = ((KGS as usize * KEEP / bytes).max(1) - 1) as u16;
+        let id = s
+            .export(ExportSpec {
+                hi,
+                snapshot_id: mib + 1,
+                ..spec
+            })
+            .expect("export");
+        kept.clear();
+        kept_bytes = 0;
+        loop {
+            match s.export_fill(id, &mut slot).expect("export") {
+                Fill::Chunk { len, last } => {
+                    kept.push(slot[..len].to_vec());
+                    kept_bytes += len;
+                    if last {
+                        break;
+                    }
+                }
+                Fill::Again => {}
+                Fill::Wait => {
+                    s.poll(|_, _| {});
+                    let _ = s.wait(Some(Duration::from_micros(200)));
+                }
+            }
+        }
+    }
+    // Import them into a fresh store, until installed.
+    let dir = bench_dir(args.dir.as_deref(), "import-");
+    let (mut t, _) = Store::open(
+        StoreConfig::new(dir.path(), 256 << 20),
+        UringIo::new(4096, true).expect("io_uring"),
+    )
+    .expect("open");
+    let spec = ImportSpec {
+        owner: OWNER.to_vec(),
+        lo: 0,
+        hi: KGS - 1,
+        states: vec![1],
+    };
+    let mut h = histogram();
+    let t0 = Instant::now();
+    let id = t.import_begin(spec).expect("import");
+    let mut resolve = |_: &StateDesc| Ok(1);
+    for c in &kept {
+        let tc = Instant::now();
+        let step = t.import_chunk(id, c, 9, &mut resolve).expect("import");
+        t.poll(|_, _| {});
+        h.record(tc.elapsed().as_nanos() as u64).expect("in range");
+        if step == ImportStep::Finishing {
+            let mut installed = false;
+            while !installed {
+                t.poll(|tok, res| {
+                    if tok == 9 {
+                        res.expect("import installed");
+                        installed = true;
+                    }
+                });
+                if !installed {
+                    let _ = t.wait(Some(Duration::from_millis(1)));
+                }
+            }
+        }
+    }
+    let import = t0.elapsed();
+    let import_gbs = gbs(kept_bytes, import);
+    r.case(
+        &Case::new(SUITE, format!("import/{mib}MiB"), kept.len() as u64, import)
+            .latency(h)
+            .with("gb_per_s", (import_gbs * 100.0).round() / 100.0)
+            .with("mib", kept_bytes >> 20),
+    );
+    vec![
+        ("export", export_gbs / limit_gbs),
+        ("import", import_gbs / limit_gbs),
+    ]
+}
+
 /// One state size: load, then `rounds` of (write, checkpoint), then
-/// restores. Returns p50 ns of sync, total, restore, 1->4, 4->1.
+/// restores, then a portable export and import. Returns p50 ns of sync,
+/// total, restore, 1->4, 4->1, and the portable ratios.
+#[allow(clippy::type_complexity)]
 fn stator_size(
     args: &CheckpointArgs,
     r: &mut Reporter,
     mib: u64,
     write_mib: u64,
     rounds: usize,
-) -> [u64; 5] {
+) -> ([u64; 5], Vec<(&'static str, f64)>) {
     let dir = bench_dir(args.dir.as_deref(), "ckpt-");
     let cfg = StoreConfig::new(dir.path(), 256 << 20);
     let (mut s, _) = Store::open(cfg, UringIo::new(4096, true).expect("io_uring")).expect("open");
@@ -274,11 +466,15 @@ fn stator_size(
     for c in &cases {
         r.case(c);
     }
-    [
-        sync.p(0.5).unwrap_or(0),
-        total.p(0.5).unwrap_or(0),
-        cases[0].p(0.5).unwrap_or(0),
-        cases[1].p(0.5).unwrap_or(0),
-        cases[2].p(0.5).unwrap_or(0),
-    ]
+    let ratios = portable(args, &mut s, r, mib);
+    (
+        [
+            sync.p(0.5).unwrap_or(0),
+            total.p(0.5).unwrap_or(0),
+            cases[0].p(0.5).unwrap_or(0),
+            cases[1].p(0.5).unwrap_or(0),
+            cases[2].p(0.5).unwrap_or(0),
+        ],
+        ratios,
+    )
 }

@@ -234,6 +234,15 @@ impl<'a> BlockView<'a> {
         })
     }
 
+    /// The key of record `i` (validated at parse), without the rest.
+    #[inline]
+    pub fn key(&self, i: usize) -> &'a [u8] {
+        let at = self.offs_at + i * 4;
+        let off = u32::from_le_bytes(self.payload[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let klen = u16::from_le_bytes([self.payload[off + 2], self.payload[off + 3]]) as usize;
+        &self.payload[off + RECORD_HEADER..off + RECORD_HEADER + klen]
+    }
+
     /// Record `i` (validated at parse).
     pub fn record(&self, i: usize) -> Record<'a> {
         self.try_record(i)
@@ -267,6 +276,41 @@ impl<'a> BlockView<'a> {
         let start = r.key.as_ptr() as usize - self.payload.as_ptr() as usize - RECORD_HEADER;
         let end = r.value.as_ptr() as usize - self.payload.as_ptr() as usize + r.value.len();
         &self.payload[start..end]
+    }
+
+    /// The longest run of plain puts from record `i` (whose bytes are
+    /// `first_len` long) that are adjacent in the block, whose keys pass
+    /// `keep`, and that fits `room` bytes (at least record `i`): its length
+    /// in bytes and the record after it. Reads only record headers and keys.
+    pub fn put_run(
+        &self,
+        i: usize,
+        first_len: usize,
+        room: usize,
+        mut keep: impl FnMut(&[u8]) -> bool,
+    ) -> (usize, usize) {
+        let p = self.payload;
+        let off_of = |j: usize| {
+            let at = self.offs_at + j * 4;
+            u32::from_le_bytes(p[at..at + 4].try_into().expect("4 bytes")) as usize
+        };
+        let start = off_of(i);
+        let mut end = start + first_len;
+        let mut j = i + 1;
+        while j < self.n && end - start < room {
+            if off_of(j) != end || p[end] != Kind::Put as u8 {
+                break;
+            }
+            let klen = u16::from_le_bytes([p[end + 2], p[end + 3]]) as usize;
+            let vlen = u32::from_le_bytes(p[end + 4..end + 8].try_into().expect("4 bytes")) as usize;
+            let key = &p[end + RECORD_HEADER..end + RECORD_HEADER + klen];
+            if !keep(key) {
+                break;
+            }
+            end += RECORD_HEADER + klen + vlen;
+            j += 1;
+        }
+        (end - start, j)
     }
 
     /// `len` bytes of the block from the start of record `first` (a run of

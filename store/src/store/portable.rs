@@ -35,7 +35,7 @@ const MAX_EXPORT_LAYERS: usize = 4095;
 /// Blocks per export read (1 MiB at the 4 KiB block size) and reads in
 /// flight per layer.
 const EXPORT_READ_BLOCKS: usize = 256;
-const EXPORT_READS: usize = 2;
+const EXPORT_READS: usize = 4;
 /// Bytes one `export_fill` writes at most: bounds the pause it costs the
 /// other work of the thread that calls it.
 const FILL_BUDGET: usize = 1 << 20;
@@ -117,6 +117,13 @@ pub(super) struct Export {
     /// it are hidden.
     clear: Option<(Vec<u8>, usize)>,
     merged: Vec<u8>,
+    /// The smallest key of the other layers while one layer's run is
+    /// copied.
+    bound: Vec<u8>,
+    /// Layers with a current record, by (key, layer): the newest first
+    /// among equal keys. And layers that moved and must be placed again.
+    heads: Vec<usize>,
+    moved: Vec<usize>,
     finished: bool,
     cancelled: bool,
     error: Option<StoreError>,
@@ -196,38 +203,56 @@ impl Export {
     /// Emits the next key (or a run of keys). `Some(full)`, or `None` when
     /// a layer's next block is still being read.
     fn step<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S) -> Option<bool> {
-        let mut live = 0;
-        let mut only = 0;
-        for (i, c) in self.cursors.iter_mut().enumerate() {
-            match c.at() {
+        // Layers that moved take their place in key order again.
+        while let Some(&i) = self.moved.last() {
+            match self.cursors[i].at() {
                 At::Waiting => return None,
-                At::Record => {
-                    live += 1;
-                    only = i;
-                }
                 At::Finished => {}
+                At::Record => {
+                    let cs = &self.cursors;
+                    let k = head_key(cs, i);
+                    let pos = self
+                        .heads
+                        .partition_point(|&j| (head_key(cs, j), j) < (k, i));
+                    self.heads.insert(pos, i);
+                }
             }
+            self.moved.pop();
         }
-        if live == 0 {
+        let Some(&ci) = self.heads.first() else {
             self.finished = true;
             return Some(false);
+        };
+        let first = head_key(&self.cursors, ci);
+        // Every layer holding the smallest key (newest first).
+        let tied = self.heads[1..]
+            .iter()
+            .take_while(|&&j| head_key(&self.cursors, j) == first)
+            .count()
+            + 1;
+        if self.clear.is_some() || tied > 1 {
+            return Some(self.merge(tied, slot));
         }
-        if live == 1 && self.clear.is_none() {
-            return Some(self.run(only, slot));
+        // The next key of any other layer: records below it need no merge.
+        let bounded = self.heads.len() > 1;
+        self.bound.clear();
+        if bounded {
+            let next = head_key(&self.cursors, self.heads[1]);
+            self.bound.extend_from_slice(next);
         }
-        Some(self.merge(slot))
+        Some(self.run(ci, bounded, slot))
     }
 
-    /// One layer left: copies the longest run of plain puts of one key
-    /// group out of its current block in one piece.
-    fn run<S: ChunkSlot + ?Sized>(&mut self, ci: usize, slot: &mut S) -> bool {
+    /// Copies the longest run of plain puts of one key group (below the
+    /// bound, if `bounded`) out of layer `ci`'s current block in one piece.
+    fn run<S: ChunkSlot + ?Sized>(&mut self, ci: usize, bounded: bool, slot: &mut S) -> bool {
         let plain = self.cursors[ci].block().is_some_and(|b| {
             let r = b.view().record(self.cursors[ci].rec);
             r.kind == Kind::Put && self.clips[ci].admits(r.key)
         });
         if !plain {
             // Not copied as stored: through the general path.
-            return self.merge(slot);
+            return self.merge(1, slot);
         }
         let (Some(b), at) = self.cursors[ci].split() else {
             return false;
@@ -243,44 +268,23 @@ impl Export {
             return true;
         }
         let span = v.raw(&first);
-        let base = span.as_ptr() as usize;
-        let mut end = base + span.len();
-        let mut j = *at + 1;
         let room = slot.slot_len().saturating_sub(self.enc.pos());
-        while j < v.len() && end - base < room {
-            let r = v.record(j);
-            let raw = v.raw(&r);
-            if r.kind != Kind::Put
-                || raw.as_ptr() as usize != end
-                || keys::key_group(r.key) != kg
-                || !clip.admits(r.key)
-            {
-                break;
-            }
-            end += raw.len();
-            j += 1;
-        }
+        let (len, j) = v.put_run(*at, span.len(), room, |k| {
+            keys::key_group(k) == kg && (!bounded || k < &self.bound[..]) && clip.admits(k)
+        });
         *at = j;
+        self.heads.remove(0);
+        self.moved.push(ci);
         // `first`'s bytes through record `j - 1`'s, adjacent in the block.
-        let whole = v.raw_span(&first, end - base);
+        let whole = v.raw_span(&first, len);
         Self::emit(&mut self.enc, &mut self.carry, slot, whole)
     }
 
     /// The smallest key over every layer, merged.
-    fn merge<S: ChunkSlot + ?Sized>(&mut self, slot: &mut S) -> bool {
-        let mut min: Option<&[u8]> = None;
-        for c in &self.cursors {
-            if let Some(b) = c.block() {
-                let k = b.view().record(c.rec).key;
-                if min.is_none_or(|m| k < m) {
-                    min = Some(k);
-                }
-            }
-        }
-        let Some(min) = min else {
-            return false;
-        };
-        let key = min.to_vec();
+    fn merge<S: ChunkSlot + ?Sized>(&mut self, tied: usize, slot: &mut S) -> bool {
+        let key = head_key(&self.cursors, self.heads[0]).to_vec();
+        let ranks: Vec<usize> = self.heads.drain(..tied).collect();
+        self.moved.extend_from_slice(&ranks);
         if self
             .clear
             .as_ref()
@@ -295,15 +299,14 @@ impl Export {
         let mut decided = false;
         let mut clear_rank = None;
         for (rank, c) in self.cursors.iter_mut().enumerate() {
-            let (Some(b), at) = c.split() else { continue };
+            if !ranks.contains(&rank) {
+                continue;
+            }
+            let (Some(b), at) = c.split() else {
+                continue;
+            };
             let v = b.view();
-            if *at >= v.len() {
-                continue;
-            }
             let rec = v.record(*at);
-            if rec.key != &key[..] {
-                continue;
-            }
             *at += 1;
             if decided || !self.clips[rank].admits(&key) {
                 continue;
@@ -359,6 +362,13 @@ impl Export {
             }
         }
     }
+}
+
+/// The current key of cursor `i` (which has a record).
+fn head_key(cursors: &[Cursor], i: usize) -> &[u8] {
+    let c = &cursors[i];
+    let b = c.block().expect("a head has a current record");
+    b.view().key(c.rec)
 }
 
 /// A put record of `key` whose value is `base` followed by the operands,
@@ -441,6 +451,9 @@ impl<I: Io> Store<I> {
             carry_at: 0,
             clear: None,
             merged: Vec::new(),
+            bound: Vec::new(),
+            heads: Vec::new(),
+            moved: Vec::new(),
             finished: false,
             cancelled: false,
             error: None,
@@ -471,21 +484,32 @@ impl<I: Io> Store<I> {
             }
             e.layers.sort_by_key(|l| Reverse(l.0));
             for (_, seg, clip) in e.layers.drain(..) {
-                e.cursors
-                    .push(Cursor::new(seg, EXPORT_READ_BLOCKS, EXPORT_READS));
+                let (lo, hi) = (clip.keep.lo, clip.keep.hi);
+                e.cursors.push(Cursor::key_groups(
+                    seg,
+                    lo,
+                    hi,
+                    EXPORT_READ_BLOCKS,
+                    EXPORT_READS,
+                ));
                 e.clips.push(clip);
             }
+            e.moved = (0..e.cursors.len()).rev().collect();
             e.started = true;
         }
+        let read = |e: &mut Export, io: &mut I| {
+            for (ci, c) in e.cursors.iter_mut().enumerate() {
+                c.read_ahead(io, |first| {
+                    tag(
+                        TAG_EXPORT_READ,
+                        ((id as u64) << 44) | ((ci as u64) << 32) | first as u64,
+                    )
+                });
+            }
+        };
+        read(e, &mut self.io);
         let fill = e.fill(slot);
-        for (ci, c) in e.cursors.iter_mut().enumerate() {
-            c.read_ahead(&mut self.io, |first| {
-                tag(
-                    TAG_EXPORT_READ,
-                    ((id as u64) << 44) | ((ci as u64) << 32) | first as u64,
-                )
-            });
-        }
+        read(e, &mut self.io);
         let _ = self.io.submit();
         if let Fill::Chunk { last: true, .. } = fill {
             self.exports.remove(id);
@@ -887,3 +911,4 @@ impl Import {
         SnapshotError::Refused(msg)
     }
 }
+

@@ -10,6 +10,8 @@ pub(super) struct Cursor {
     read_blocks: usize,
     max_reads: usize,
     next_read: usize,
+    /// One past the last block to read.
+    end: usize,
     /// Reads that completed ahead of an earlier one, by first block.
     arrived: BTreeMap<usize, Vec<Block>>,
     blocks: VecDeque<Block>,
@@ -17,6 +19,10 @@ pub(super) struct Cursor {
     /// The current record of the front block.
     pub rec: usize,
     reads_in_flight: usize,
+    /// Read buffers blocks still point into, and spare ones to read into
+    /// next (fresh buffers cost a zeroing pass and page faults).
+    in_use: Vec<Rc<AlignedBuf>>,
+    spare: Vec<AlignedBuf>,
 }
 
 /// Where a cursor is.
@@ -29,23 +35,42 @@ pub(super) enum At {
 
 impl Cursor {
     pub fn new(seg: Rc<Segment>, read_blocks: usize, max_reads: usize) -> Cursor {
+        let end = seg.index.len();
         Cursor {
             seg,
             read_blocks: read_blocks.max(1),
             max_reads: max_reads.max(1),
             next_read: 0,
+            end,
             arrived: BTreeMap::new(),
             blocks: VecDeque::new(),
             next_block: 0,
             rec: 0,
             reads_in_flight: 0,
+            in_use: Vec::new(),
+            spare: Vec::new(),
         }
+    }
+
+    /// A cursor over only the blocks that may hold key groups `lo..=hi`
+    /// (a restored layer is often a slice of a larger file).
+    pub fn key_groups(seg: Rc<Segment>, lo: u16, hi: u16, read_blocks: usize, max_reads: usize) -> Cursor {
+        let mut c = Cursor::new(seg, read_blocks, max_reads);
+        let n = c.seg.index.len();
+        let first = c.seg.index.find(&keys::key_group_start(lo)).unwrap_or(n);
+        c.end = match hi.checked_add(1) {
+            Some(next) => c.seg.index.find(&keys::key_group_start(next)).map_or(n, |b| b + 1),
+            None => n,
+        };
+        c.next_read = first.min(c.end);
+        c.next_block = c.next_read;
+        c
     }
 
     /// Issues reads while fewer than a window of blocks is buffered or in
     /// flight; `token(first_block)` tags each.
     pub fn read_ahead<I: Io>(&mut self, io: &mut I, token: impl Fn(usize) -> u64) {
-        let n = self.seg.index.len();
+        let n = self.end;
         while self.reads_in_flight < self.max_reads && self.next_read < n {
             let buffered = self.blocks.len() + self.arrived.values().map(Vec::len).sum::<usize>();
             let window = self.read_blocks * self.max_reads;
@@ -61,7 +86,14 @@ impl Cursor {
             let len = (loff + llen as u64 - off) as usize;
             self.next_read = last;
             self.reads_in_flight += 1;
-            io.read(self.seg.file, off, AlignedBuf::zeroed(len), token(first));
+            let buf = match self.spare.pop() {
+                Some(mut b) if b.capacity() >= len => {
+                    b.set_len(len);
+                    b
+                }
+                _ => AlignedBuf::zeroed(len),
+            };
+            io.read(self.seg.file, off, buf, token(first));
         }
     }
 
@@ -77,10 +109,11 @@ impl Cursor {
             }
             (Err(errno), _) => return Err(StoreError::from_errno(&seg.path, "read", errno)),
         };
+        self.in_use.push(buf.clone());
         let base = seg.index.block(first).0;
         let mut blocks = Vec::new();
         let mut bi = first;
-        while bi < seg.index.len() {
+        while bi < self.end {
             let (off, len) = seg.index.block(bi);
             let rel = (off - base) as usize;
             if rel + len as usize > buf.len() {
@@ -112,11 +145,29 @@ impl Cursor {
         {
             self.blocks.pop_front();
             self.rec = 0;
+            self.recycle();
         }
         match self.blocks.front() {
             Some(_) => At::Record,
-            None if self.next_block >= self.seg.index.len() => At::Finished,
+            None if self.next_block >= self.end => At::Finished,
             None => At::Waiting,
+        }
+    }
+
+    /// Takes back read buffers no block points into any more.
+    fn recycle(&mut self) {
+        let mut i = 0;
+        while i < self.in_use.len() {
+            if Rc::strong_count(&self.in_use[i]) == 1 {
+                let b = self.in_use.swap_remove(i);
+                if let Ok(b) = Rc::try_unwrap(b)
+                    && self.spare.len() < self.max_reads
+                {
+                    self.spare.push(b);
+                }
+            } else {
+                i += 1;
+            }
         }
     }
 
