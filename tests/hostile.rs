@@ -424,3 +424,104 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         Some(&b"v"[..])
     );
 }
+
+/// Snapshot requests from a hostile client: chunk slots out of range,
+/// releases with no export or twice, garbage and lying chunks, a state
+/// table past its limits. Each is answered with its error; the daemon
+/// stays up, and another job's state is untouched.
+#[test]
+fn hostile_snapshot_requests_are_refused_and_hurt_no_one() {
+    use stator_store::StateKind;
+    use stator_store::snapshot::{ChunkEncoder, StateDesc, encode_states};
+    let d = Daemon::start(64);
+    let mut good = Session::open(&d.socket, &opts("good", 0, 1)).unwrap();
+    let gst = ValueState(good.register("v", Kind::Value).unwrap());
+    run(&mut good, &gst.put(3, b"mine", b"safe")).unwrap();
+
+    let raw = raw_session(&d.socket);
+    let mut ring = ClientRing::attach(raw.seg.view()).unwrap();
+    let chunk_off = ring.layout().chunk_off;
+    let slots = (ring.layout().chunk_len >> 22) as u32;
+    assert!(slots >= 1, "a default chunk region");
+    let view = raw.seg.view();
+    let op = |o: Opcode, arg: u64, arg2: u32| Sqe {
+        opcode: o as u8,
+        arg,
+        arg2,
+        ..Sqe::default()
+    };
+    // Garbage in slot 0; a header that claims 4 GiB of payload in slot 1.
+    let garbage: Vec<u8> = (0..100_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    view.write_from(chunk_off, &garbage).unwrap();
+    let mut liar = vec![0u8; 64];
+    liar[..4].copy_from_slice(b"STSN");
+    liar[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+    if slots > 1 {
+        view.write_from(chunk_off + (4 << 20), &liar).unwrap();
+    }
+    // A well-formed chunk whose state table names more states than allowed.
+    let table: Vec<StateDesc> = (0..5000u32)
+        .map(|i| StateDesc {
+            id: i,
+            kind: StateKind::Value,
+            name: format!("s{i}").into_bytes(),
+        })
+        .collect();
+    let mut e = ChunkEncoder::new(1);
+    let mut c = vec![0u8; 4 << 20];
+    e.begin();
+    assert_eq!(
+        e.put(&mut c[..], &encode_states(&table)),
+        encode_states(&table).len()
+    );
+    let n = e.end(&mut c[..], true);
+    let cases: Vec<(Sqe, Status)> = vec![
+        (op(Opcode::ChunkRelease, 5, 0), Status::BadArgument),
+        (op(Opcode::SnapshotImport, 1, slots), Status::BadArgument),
+        (op(Opcode::SnapshotImport, 1, 0), Status::BadSnapshot),
+        (
+            op(Opcode::SnapshotImport, 2, slots.min(2) - 1),
+            Status::BadSnapshot,
+        ),
+        (op(Opcode::SnapshotExport, 9, 0), Status::Ok),
+        (op(Opcode::ChunkRelease, 8, 0), Status::BadArgument),
+        (op(Opcode::ChunkRelease, 9, slots + 7), Status::BadArgument),
+        (op(Opcode::SnapshotExport, 10, 0), Status::Busy),
+        (
+            op(Opcode::ChunkRelease, 9, stator_ring::sqe::CANCEL_SNAPSHOT),
+            Status::Ok,
+        ),
+        (op(Opcode::ChunkRelease, 9, 0), Status::NotFound),
+    ];
+    for (i, (sqe, want)) in cases.iter().enumerate() {
+        let sqe = Sqe {
+            user_data: i as u64,
+            ..*sqe
+        };
+        assert!(ring.sq.push(&sqe).unwrap());
+        ring.sq.publish();
+        raw.to_daemon.ring();
+        let got = wait_cqes(&mut ring, 1);
+        assert_eq!(
+            (got[0].user_data, Status::from_i32(got[0].status)),
+            (i as u64, Some(*want)),
+            "case {i}: {sqe:?}"
+        );
+    }
+    // The over-long table: refused too.
+    view.write_from(chunk_off, &c[..n]).unwrap();
+    let sqe = Sqe {
+        user_data: 99,
+        ..op(Opcode::SnapshotImport, 3, 0)
+    };
+    assert!(ring.sq.push(&sqe).unwrap());
+    ring.sq.publish();
+    raw.to_daemon.ring();
+    let got = wait_cqes(&mut ring, 1);
+    assert_eq!(Status::from_i32(got[0].status), Some(Status::BadSnapshot));
+    // Another job's state is as it was, and the daemon serves.
+    let r = run(&mut good, &gst.get(3, b"mine")).unwrap();
+    assert_eq!(r.value.as_deref(), Some(&b"safe"[..]));
+}

@@ -213,7 +213,8 @@ fn portable(
     loop {
         match s.export_fill(id, &mut slot).expect("export") {
             Fill::Chunk { len, last } => {
-                h.record(chunk_t.elapsed().as_nanos() as u64).expect("in range");
+                h.record(chunk_t.elapsed().as_nanos() as u64)
+                    .expect("in range");
                 bytes += len;
                 if kept_bytes + len <= KEEP {
                     kept.push(slot[..len].to_vec());
@@ -314,7 +315,7 @@ fn portable(
     let mut h = histogram();
     let t0 = Instant::now();
     let id = t.import_begin(spec).expect("import");
-    let mut resolve = |_: &StateDesc| Ok(1);
+    let mut resolve = |t: &[StateDesc]| Ok(vec![1; t.len()]);
     for c in &kept {
         let tc = Instant::now();
         let step = t.import_chunk(id, c, 9, &mut resolve).expect("import");

@@ -72,51 +72,75 @@ impl Registry {
     }
 
     /// The store-wide id of a state, registering it (durably) if new.
-    pub fn register(
+    fn register(&mut self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, (i32, String)> {
+        self.register_all(job, op, &[(name, k)]).map(|ids| ids[0])
+    }
+
+    /// The store-wide ids of states of one operator, registering the new
+    /// ones with one durable save (all or none).
+    pub fn register_all(
         &mut self,
         job: &str,
         op: &str,
-        name: &str,
-        k: u8,
-    ) -> Result<u32, (i32, String)> {
-        let key = (job.to_string(), op.to_string(), name.to_string());
-        if let Some(&i) = self.index.get(&key) {
-            let e = &self.entries[i];
-            if e.kind != k {
-                return Err((
-                    status::CONFLICT,
-                    format!(
+        states: &[(&str, u8)],
+    ) -> Result<Vec<u32>, (i32, String)> {
+        let before = self.entries.len();
+        let mut ids = Vec::with_capacity(states.len());
+        let mut next = self.next_id();
+        let undo = |r: &mut Registry| {
+            for e in r.entries.drain(before..) {
+                r.index.remove(&(e.job, e.operator, e.name));
+            }
+        };
+        for &(name, k) in states {
+            let key = (job.to_string(), op.to_string(), name.to_string());
+            if let Some(&i) = self.index.get(&key) {
+                let e = &self.entries[i];
+                if e.kind != k {
+                    let msg = format!(
                         "state `{name}` of operator `{op}` is registered as {}, not {}",
                         kind_name(e.kind),
                         kind_name(k)
-                    ),
+                    );
+                    undo(self);
+                    return Err((status::CONFLICT, msg));
+                }
+                ids.push(e.id);
+                continue;
+            }
+            if self.entries.len() >= MAX_REGISTERED {
+                undo(self);
+                return Err((
+                    status::LIMIT,
+                    format!("{MAX_REGISTERED} states are registered on this daemon"),
                 ));
             }
-            return Ok(e.id);
+            let id = next;
+            next += 1;
+            self.entries.push(RegEntry {
+                job: key.0.clone(),
+                operator: key.1.clone(),
+                name: key.2.clone(),
+                kind: k,
+                id,
+            });
+            self.index.insert(key, self.entries.len() - 1);
+            ids.push(id);
         }
-        if self.entries.len() >= MAX_REGISTERED {
-            return Err((
-                status::LIMIT,
-                format!("{MAX_REGISTERED} states are registered on this daemon"),
-            ));
-        }
-        let id = self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1);
-        self.entries.push(RegEntry {
-            job: key.0.clone(),
-            operator: key.1.clone(),
-            name: key.2.clone(),
-            kind: k,
-            id,
-        });
-        if let Err(e) = self.save() {
-            self.entries.pop();
+        if self.entries.len() > before
+            && let Err(e) = self.save()
+        {
+            undo(self);
             return Err((
                 status::INTERNAL,
                 format!("cannot save the state registry: {e}"),
             ));
         }
-        self.index.insert(key, self.entries.len() - 1);
-        Ok(id)
+        Ok(ids)
+    }
+
+    fn next_id(&self) -> u32 {
+        self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1)
     }
 
     /// Every state id of an operator, and its registrations as JSON (kept

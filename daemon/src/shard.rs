@@ -26,7 +26,7 @@ use slab::Slab;
 use stator_ring::cqe::cqe_flags;
 use stator_ring::queue::QueueError;
 use stator_ring::session::TakeBufError;
-use stator_ring::sqe::{CANCEL_EXPORT, SegRange, iter_mode, sqe_flags};
+use stator_ring::sqe::{CANCEL_SNAPSHOT, SegRange, iter_mode, sqe_flags};
 use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
 use stator_shm::Segment;
 use stator_shm::ShmView;
@@ -158,11 +158,36 @@ struct ExportState {
     next_chunk: u32,
 }
 
-/// A session's import in progress: the client's import id, the store's.
+/// A session's import in progress: the client's import id, the store's,
+/// and chunks consumed whose completion waits for the disk to catch up
+/// (their user_data): a client cannot queue writes faster than the disk
+/// takes them.
 struct ImportState {
     import: u64,
     id: usize,
+    held: VecDeque<u64>,
 }
+
+/// Bytes of import writes in flight past which chunk completions wait.
+const IMPORT_BACKLOG: usize = 16 << 20;
+
+/// Completes an import's held chunks (`status`) and forgets it.
+fn end_import(
+    ring: &mut Ring<'_>,
+    imp: &mut Option<ImportState>,
+    in_flight: &mut u32,
+    status: Status,
+) -> Result<(), QueueError> {
+    if let Some(i) = imp.take() {
+        for user_data in i.held {
+            *in_flight -= 1;
+            push(ring, &Cqe::status(user_data, status))?;
+        }
+    }
+    Ok(())
+}
+
+const _: () = assert!(CHUNK_LEN == stator_ring::sqe::CHUNK_SLOT_LEN);
 
 /// A chunk slot in shared memory: written, never read back (the client may
 /// be scribbling on it; the CRC is computed from the store's bytes).
@@ -413,7 +438,7 @@ impl Shard {
                 }
             }
             progress |= self.reap();
-            progress |= self.drive_exports();
+            progress |= self.drive_snapshots();
             self.publish();
             if progress {
                 idle_since = None;
@@ -794,19 +819,37 @@ impl Shard {
     }
 
     /// Fills the slots clients released to their exports, a bounded step
-    /// each. True if a step made progress without waiting.
-    fn drive_exports(&mut self) -> bool {
+    /// each, and gives back import chunks held while the disk caught up.
+    /// True if a step made progress without waiting.
+    fn drive_snapshots(&mut self) -> bool {
         let mut progress = false;
         let Shard {
             store, sessions, ..
         } = self;
         for (_, s) in sessions.iter_mut() {
-            let Some(e) = s.export.as_mut() else { continue };
-            let (Some(id), Some(&(slot, user_data))) = (e.id, e.queue.front()) else {
+            if s.broken {
                 continue;
-            };
+            }
             let in_flight = &mut s.in_flight;
-            let r = s.mem.with_dependent_mut(|_, ring| -> Result<(), QueueError> {
+            let (export, import) = (&mut s.export, &mut s.import);
+            let r = s.mem.with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
+                let mut pushed = false;
+                if let Some(i) = import.as_mut()
+                    && !i.held.is_empty()
+                    && store.import_backlog(i.id) <= IMPORT_BACKLOG
+                {
+                    for user_data in i.held.drain(..) {
+                        *in_flight -= 1;
+                        push(ring, &Cqe::status(user_data, Status::Ok))?;
+                    }
+                    pushed = true;
+                }
+                let Some(e) = export.as_mut() else {
+                    return Ok(pushed);
+                };
+                let (Some(id), Some(&(slot, user_data))) = (e.id, e.queue.front()) else {
+                    return Ok(pushed);
+                };
                 let off = ring.layout().chunk_off + slot as usize * CHUNK_LEN;
                 let mut target = ShmChunk {
                     view: ring.view(),
@@ -814,10 +857,10 @@ impl Shard {
                 };
                 let mut c = Cqe::status(user_data, Status::Ok);
                 match store.export_fill(id, &mut target) {
-                    Ok(Fill::Wait) => return Ok(()),
+                    Ok(Fill::Wait) => return Ok(pushed),
                     Ok(Fill::Again) => {
                         progress = true;
-                        return Ok(());
+                        return Ok(pushed);
                     }
                     Ok(Fill::Chunk { len, last }) => {
                         progress = true;
@@ -842,12 +885,12 @@ impl Shard {
                     // The export is over: the other released slots go back.
                     end_export(ring, e, in_flight)?;
                 }
-                Ok(())
+                Ok(true)
             });
-            if r.is_err() {
-                s.broken = true;
+            match r {
+                Ok(pushed) => s.dirty |= pushed,
+                Err(_) => s.broken = true,
             }
-            s.dirty = true;
         }
         progress
     }
@@ -958,6 +1001,7 @@ impl Shard {
                 }
             }
             progress |= self.reap();
+            progress |= self.drive_snapshots();
             self.publish();
             if Instant::now() >= deadline || (!progress && self.store.pending() == 0) {
                 break;
@@ -966,7 +1010,19 @@ impl Shard {
                 let _ = self.store.wait(Some(Duration::from_millis(5)));
             }
         }
-        for (_, s) in self.sessions.iter() {
+        for (_, s) in self.sessions.iter_mut() {
+            // Exports and imports still open end here: their slots go back.
+            let (export, import, in_flight) = (&mut s.export, &mut s.import, &mut s.in_flight);
+            let _ = s
+                .mem
+                .with_dependent_mut(|_, ring| -> Result<(), QueueError> {
+                    if let Some(e) = export.as_mut() {
+                        end_export(ring, e, in_flight)?;
+                    }
+                    end_import(ring, import, in_flight, Status::ShuttingDown)?;
+                    ring.cq.publish();
+                    Ok(())
+                });
             // Clients sleeping for completions see `closing` now.
             s.to_client.ring();
         }
@@ -1306,7 +1362,7 @@ fn snapshot_op(
             let Some(e) = cx.export.as_mut().filter(|e| e.snapshot == v.arg) else {
                 return done(Status::BadArgument);
             };
-            if v.arg2 == CANCEL_EXPORT {
+            if v.arg2 == CANCEL_SNAPSHOT {
                 if let Some(id) = e.id.take() {
                     store.export_cancel(id);
                 }
@@ -1327,6 +1383,15 @@ fn snapshot_op(
         }
         _ => {
             // SnapshotImport: the chunk in slot `arg2`, of import `arg`.
+            if v.arg2 == CANCEL_SNAPSHOT {
+                if let Some(i) = cx.import.as_ref().filter(|i| i.import == v.arg) {
+                    store.import_cancel(i.id);
+                    if end_import(ring, cx.import, cx.in_flight, Status::Ok).is_err() {
+                        return done(Status::Internal);
+                    }
+                }
+                return done(Status::Ok);
+            }
             if v.arg2 >= cx.chunk_slots {
                 return done(Status::BadArgument);
             }
@@ -1354,7 +1419,11 @@ fn snapshot_op(
                     };
                     match store.import_begin(spec) {
                         Ok(id) => {
-                            *cx.import = Some(ImportState { import: v.arg, id });
+                            *cx.import = Some(ImportState {
+                                import: v.arg,
+                                id,
+                                held: VecDeque::new(),
+                            });
                             id
                         }
                         Err(e) => return done(status_of(&e)),
@@ -1367,36 +1436,58 @@ fn snapshot_op(
                 op: v.op,
                 out: Out::None,
             });
-            // Each state the snapshot names becomes (or is) a state of this
-            // operator, by name and kind.
-            let mut resolve = |d: &StateDesc| -> Result<u32, String> {
-                let name = std::str::from_utf8(&d.name)
-                    .map_err(|_| "a state name that is not UTF-8".to_string())?;
-                let k = match d.kind {
-                    StateKind::Value => stator_ring::control::kind::VALUE,
-                    StateKind::List => stator_ring::control::kind::LIST,
-                    StateKind::Map => stator_ring::control::kind::MAP,
-                };
-                lock().register(job, operator, name, k).map_err(|(_, m)| m)
+            // The states the snapshot names become (or are) states of this
+            // operator, by name and kind, registered together.
+            let mut resolve = |table: &[StateDesc]| -> Result<Vec<u32>, String> {
+                let mut named = Vec::with_capacity(table.len());
+                for d in table {
+                    let name = std::str::from_utf8(&d.name)
+                        .map_err(|_| "a state name that is not UTF-8".to_string())?;
+                    named.push((name, wire_kind(d.kind)));
+                }
+                lock()
+                    .register_all(job, operator, &named)
+                    .map_err(|(_, m)| m)
             };
             match store.import_chunk(id, &cx.chunk[..], tok as u64, &mut resolve) {
                 Ok(ImportStep::Consumed) => {
                     cx.pending.remove(tok);
-                    done(Status::Ok)
+                    let imp = cx.import.as_mut().expect("set above");
+                    if imp.held.is_empty() && store.import_backlog(id) <= IMPORT_BACKLOG {
+                        return done(Status::Ok);
+                    }
+                    // The disk is behind: the slot comes back later.
+                    imp.held.push_back(v.user_data);
+                    *cx.in_flight += 1;
+                    None
                 }
                 Ok(ImportStep::Finishing) => {
-                    *cx.import = None;
                     *cx.in_flight += 1;
+                    if end_import(ring, cx.import, cx.in_flight, Status::Ok).is_err() {
+                        return done(Status::Internal);
+                    }
                     None
                 }
                 Err(e) => {
                     cx.pending.remove(tok);
-                    *cx.import = None;
                     tracing::warn!(import = v.arg, error = %e, "snapshot import refused");
-                    done(status_of(&e))
+                    let st = status_of(&e);
+                    if end_import(ring, cx.import, cx.in_flight, st).is_err() {
+                        return done(Status::Internal);
+                    }
+                    done(st)
                 }
             }
         }
+    }
+}
+
+/// A state kind as the control protocol numbers it.
+fn wire_kind(k: StateKind) -> u8 {
+    match k {
+        StateKind::Value => stator_ring::control::kind::VALUE,
+        StateKind::List => stator_ring::control::kind::LIST,
+        StateKind::Map => stator_ring::control::kind::MAP,
     }
 }
 

@@ -88,8 +88,9 @@ pub mod notify_kind {
     pub const SUBSUME: u32 = 3;
 }
 
-/// `arg2` of `ChunkRelease` that cancels the export instead of naming a slot.
-pub const CANCEL_EXPORT: u32 = u32::MAX;
+/// `arg2` of `ChunkRelease` (or `SnapshotImport`) that cancels the export
+/// (or the import) instead of naming a slot.
+pub const CANCEL_SNAPSHOT: u32 = u32::MAX;
 
 /// Bytes of one chunk slot of the chunk region (a whole snapshot chunk,
 /// `store/FORMAT.md` §13). The region holds `chunk_len / CHUNK_SLOT_LEN`

@@ -238,7 +238,8 @@ impl<'a> BlockView<'a> {
     #[inline]
     pub fn key(&self, i: usize) -> &'a [u8] {
         let at = self.offs_at + i * 4;
-        let off = u32::from_le_bytes(self.payload[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let off =
+            u32::from_le_bytes(self.payload[at..at + 4].try_into().expect("4 bytes")) as usize;
         let klen = u16::from_le_bytes([self.payload[off + 2], self.payload[off + 3]]) as usize;
         &self.payload[off + RECORD_HEADER..off + RECORD_HEADER + klen]
     }
@@ -302,7 +303,8 @@ impl<'a> BlockView<'a> {
                 break;
             }
             let klen = u16::from_le_bytes([p[end + 2], p[end + 3]]) as usize;
-            let vlen = u32::from_le_bytes(p[end + 4..end + 8].try_into().expect("4 bytes")) as usize;
+            let vlen =
+                u32::from_le_bytes(p[end + 4..end + 8].try_into().expect("4 bytes")) as usize;
             let key = &p[end + RECORD_HEADER..end + RECORD_HEADER + klen];
             if !keep(key) {
                 break;

@@ -189,7 +189,7 @@ pub fn is_layer_file_name(name: &str) -> bool {
 }
 
 /// Bytes buffered before a write is issued.
-const WRITE_CHUNK: usize = 1 << 20;
+pub const WRITE_CHUNK: usize = 1 << 20;
 
 /// Streams a segment to disk. Writes complete asynchronously; the owner
 /// routes their completions back with [`SegmentWriter::write_done`].
@@ -422,6 +422,12 @@ impl SegmentWriter {
         {
             self.error = Some(StoreError::from_errno(&self.path, "write", errno));
         }
+    }
+
+    /// Writes issued and not yet acknowledged (each at most about
+    /// [`WRITE_CHUNK`] bytes).
+    pub fn writes_in_flight(&self) -> usize {
+        self.writes_in_flight
     }
 
     /// No write or fsync of this writer is in flight.

@@ -26,7 +26,9 @@ pub const CHUNK_LEN: usize = 4 << 20;
 /// Bytes of a chunk header.
 pub const HEADER_LEN: usize = 32;
 pub const MAGIC: [u8; 4] = *b"STSN";
-pub const VERSION: u16 = 1;
+/// Version 2: the stream starts with a state table. (Version 1, without
+/// it, was a codec no released statord ever exported with; it is refused.)
+pub const VERSION: u16 = 2;
 /// Header flag: the snapshot's last chunk.
 pub const FLAG_LAST: u16 = 1;
 /// First byte of a group header (no record kind has it).
@@ -36,6 +38,9 @@ pub const STATES: u8 = 0xFE;
 /// The largest item (record or state table) a decoder accepts: one cut
 /// by chunk boundaries is held in memory until it is whole.
 pub const MAX_ITEM: usize = 256 << 20;
+/// States a state table may name, and bytes of a state name.
+pub const MAX_STATES: usize = 4096;
+pub const MAX_NAME: usize = 1024;
 
 /// Where a chunk is written: the encoder only writes, never reads back
 /// (the consumer may be scribbling on shared memory meanwhile).
@@ -98,8 +103,12 @@ pub fn encode_states(states: &[StateDesc]) -> Vec<u8> {
 
 fn decode_states(body: &[u8]) -> Option<Vec<StateDesc>> {
     let n = u32::from_le_bytes(body.get(..4)?.try_into().ok()?) as usize;
+    if n > MAX_STATES {
+        return None;
+    }
     let mut p = &body[4..];
-    let mut out = Vec::with_capacity(n.min(1 << 16));
+    let mut out = Vec::with_capacity(n);
+    let mut ids = std::collections::HashSet::with_capacity(n);
     for _ in 0..n {
         let id = u32::from_le_bytes(p.get(..4)?.try_into().ok()?);
         let kind = match p.get(4)? {
@@ -113,7 +122,7 @@ fn decode_states(body: &[u8]) -> Option<Vec<StateDesc>> {
         }
         let len = u16::from_le_bytes(p.get(6..8)?.try_into().ok()?) as usize;
         let name = p.get(8..8 + len)?.to_vec();
-        if out.iter().any(|s: &StateDesc| s.id == id) {
+        if len == 0 || len > MAX_NAME || !ids.insert(id) {
             return None;
         }
         out.push(StateDesc { id, kind, name });
@@ -257,6 +266,8 @@ pub struct ChunkDecoder {
     /// Bytes of an item cut by a chunk boundary.
     carry: Vec<u8>,
     states: Option<Vec<StateDesc>>,
+    /// The table's ids, sorted (records are checked against it).
+    ids: Vec<u32>,
     group: Option<u16>,
     last_key: Vec<u8>,
     stats: Decoded,
@@ -272,6 +283,7 @@ impl ChunkDecoder {
             done: false,
             carry: Vec::new(),
             states: None,
+            ids: Vec::new(),
             group: None,
             last_key: Vec::new(),
             stats: Decoded::default(),
@@ -395,14 +407,18 @@ impl ChunkDecoder {
             if b[1..4] != [0, 0, 0] || self.states.is_some() {
                 return Err(bad("a malformed or repeated state table"));
             }
-            let states = decode_states(&b[8..]).ok_or(bad("malformed state table"))?;
+            let states = decode_states(&b[8..]).ok_or(bad(
+                "malformed state table (or over 4096 states, an empty or over-long name, a repeated id)",
+            ))?;
             f(Item::States(&states))?;
+            self.ids = states.iter().map(|s| s.id).collect();
+            self.ids.sort_unstable();
             self.states = Some(states);
             return Ok(());
         }
-        let Some(states) = &self.states else {
+        if self.states.is_none() {
             return Err(bad("the stream does not begin with its state table"));
-        };
+        }
         if b[0] == GROUP {
             if b[1..4] != [0, 0, 0] {
                 return Err(bad("malformed group header"));
@@ -433,7 +449,7 @@ impl ChunkDecoder {
             return Err(bad("a record of another key group inside a group"));
         }
         let state = crate::keys::state_id(key).unwrap_or(u32::MAX);
-        if !states.iter().any(|s| s.id == state) {
+        if self.ids.binary_search(&state).is_err() {
             return Err(bad("a record of a state the table does not name"));
         }
         if key <= &self.last_key[..] && !self.last_key.is_empty() {

@@ -164,11 +164,11 @@ fn snapshot_records() -> Vec<(u16, Vec<u8>, Vec<u8>)> {
 }
 
 #[test]
-fn snapshot_chunk_version_1_fixture_decodes_exactly() {
+fn snapshot_chunk_version_2_fixture_decodes_exactly() {
     use stator_store::StateKind;
     use stator_store::format::Kind;
     use stator_store::snapshot::{ChunkDecoder, ChunkEncoder, Item, StateDesc, encode_states};
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/snapshot-v1");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/snapshot-v2");
     let recs = snapshot_records();
     if std::env::var_os("STATOR_WRITE_FIXTURES").is_some() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -222,7 +222,7 @@ fn bad_snapshots_and_a_crash_mid_import_change_nothing() {
     check(&mut s);
     // Two chunks in, then the process dies.
     let id = s.import_begin(spec.clone()).unwrap();
-    let mut resolve = |_: &StateDesc| Ok(1);
+    let mut resolve = |t: &[StateDesc]| Ok(vec![1; t.len()]);
     for c in &a[..2] {
         assert_eq!(
             s.import_chunk(id, c, 1, &mut resolve).unwrap(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 use stator_ring::control::{self, CONTROL_VERSION, Request as CtlRequest, Response, frame_len};
 use stator_ring::cqe::cqe_flags;
-use stator_ring::sqe::{CANCEL_EXPORT, CHUNK_SLOT_LEN, iter_mode, sqe_flags};
+use stator_ring::sqe::{CANCEL_SNAPSHOT, CHUNK_SLOT_LEN, iter_mode, sqe_flags};
 use stator_ring::{BufRef, ClientRing, Cqe, Doorbell, Opcode, Sqe, Status};
 use stator_shm::Segment;
 use stator_shm::arena::{ArenaAllocator, ArenaBuf};
@@ -193,7 +193,7 @@ impl<'a> Request<'a> {
     /// Abandons export `snapshot_id`; slots handed to it come back with
     /// `NotFound`.
     pub fn export_cancel(snapshot_id: u64) -> Request<'a> {
-        Request::chunk_release(snapshot_id, CANCEL_EXPORT)
+        Request::chunk_release(snapshot_id, CANCEL_SNAPSHOT)
     }
 
     /// Imports the chunk the client wrote into slot `slot` (see
@@ -207,6 +207,12 @@ impl<'a> Request<'a> {
             arg2: slot,
             ..Request::new(Opcode::SnapshotImport, 0, 0, b"")
         }
+    }
+
+    /// Abandons import `import_id`: nothing of it is installed, and its
+    /// chunks waiting for the disk come back.
+    pub fn import_cancel(import_id: u64) -> Request<'a> {
+        Request::snapshot_import(import_id, CANCEL_SNAPSHOT)
     }
 
     /// Map iteration of one page (`after`: resume after that user key).
@@ -623,7 +629,10 @@ impl Session {
                 && let (Some(slot), Some(_)) = (free.last().copied(), chunks.peek())
             {
                 let c = chunks.next().expect("peeked");
-                self.write_chunk(slot, c.as_ref())?;
+                if let Err(e) = self.write_chunk(slot, c.as_ref()) {
+                    failed = Some(e);
+                    break;
+                }
                 self.submit(&Request::snapshot_import(import_id, slot), slot as u64)?;
                 free.pop();
             }
@@ -641,6 +650,14 @@ impl Session {
                 }
                 free.extend(c.slot);
             })?;
+        }
+        if records.is_none() {
+            // Not installed: make sure the daemon lets go of it (a refused
+            // chunk ended it already; chunks that ran out did not).
+            const CANCEL: u64 = u64::MAX - 2;
+            self.submit(&Request::import_cancel(import_id), CANCEL)?;
+            self.flush()?;
+            self.wait_one(CANCEL)?;
         }
         match (failed, records) {
             (Some(e), _) => Err(e),
@@ -712,8 +729,8 @@ impl Session {
     ) -> Result<(), Error> {
         self.alive()?;
         let slot = match r.op {
-            Opcode::SnapshotImport => Some(r.arg2),
-            Opcode::ChunkRelease if r.arg2 != CANCEL_EXPORT => Some(r.arg2),
+            Opcode::SnapshotImport if r.arg2 != CANCEL_SNAPSHOT => Some(r.arg2),
+            Opcode::ChunkRelease if r.arg2 != CANCEL_SNAPSHOT => Some(r.arg2),
             _ => None,
         };
         if let Some(sl) = slot

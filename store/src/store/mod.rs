@@ -750,7 +750,11 @@ impl<I: Io> Store<I> {
 
     /// Operations submitted and not yet delivered.
     pub fn pending(&self) -> usize {
-        self.reads.len() + self.iters.len() + self.done.len() + self.ckpt.counts().1
+        self.reads.len()
+            + self.iters.len()
+            + self.done.len()
+            + self.ckpt.counts().1
+            + self.imports.iter().filter(|(_, i)| i.finishing()).count()
     }
 
     /// Whether background work (flush, compaction, deferred deletes) is
@@ -762,6 +766,8 @@ impl<I: Io> Store<I> {
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
             || (self.full_compaction_requested && self.segments.len() >= 2)
+            || self.exports.iter().any(|(_, e)| e.in_flight())
+            || self.imports.iter().any(|(_, i)| i.in_flight())
     }
 
     /// Requests a major compaction: once the running background work is

@@ -22,9 +22,11 @@
 use std::cmp::Reverse;
 
 use super::*;
+use crate::format::RECORD_HEADER;
 use crate::manifest::state_set;
 use crate::snapshot::{
-    ChunkDecoder, ChunkEncoder, ChunkSlot, Decoded, Item, SnapshotError, StateDesc, encode_states,
+    ChunkDecoder, ChunkEncoder, ChunkSlot, Decoded, Item, MAX_ITEM, SnapshotError, StateDesc,
+    encode_states,
 };
 
 /// Exports (and imports) in progress at once per store.
@@ -64,6 +66,10 @@ pub enum Fill {
     /// new chunk (in any slot). After the `last` one the export is over.
     Chunk { len: usize, last: bool },
 }
+
+/// Gives the local ids of the states a snapshot's table names, in its
+/// order, or refuses them with the reason.
+pub type Resolve<'a> = dyn FnMut(&[StateDesc]) -> Result<Vec<u32>, String> + 'a;
 
 /// What to import into.
 #[derive(Clone, Debug)]
@@ -148,7 +154,7 @@ pub(super) struct Import {
 }
 
 impl Export {
-    fn in_flight(&self) -> bool {
+    pub(super) fn in_flight(&self) -> bool {
         self.cursors.iter().any(|c| c.reads_in_flight() > 0)
     }
 
@@ -340,6 +346,16 @@ impl Export {
         if raw.is_none() && base.is_none() && operands.is_empty() {
             return false;
         }
+        let vlen = base.map_or(0, <[u8]>::len) + operands.iter().map(|o| o.len()).sum::<usize>();
+        if raw.is_none() && RECORD_HEADER + key.len() + vlen > MAX_ITEM {
+            // An importer would refuse it (and a u32 could not say it).
+            self.error.get_or_insert(StoreError::TooLarge {
+                what: "a merged list in a snapshot",
+                len: vlen,
+                max: MAX_ITEM,
+            });
+            return false;
+        }
         let kg = keys::key_group(&key);
         if let Some(h) = self.enc.group_header(kg)
             && Self::emit(&mut self.enc, &mut self.carry, slot, &h)
@@ -395,8 +411,13 @@ fn merged_record<'a>(
 }
 
 impl Import {
-    fn in_flight(&self) -> bool {
+    pub(super) fn in_flight(&self) -> bool {
         self.writers.iter().flatten().any(|w| !w.idle())
+    }
+
+    /// After its last chunk, until installed.
+    pub(super) fn finishing(&self) -> bool {
+        self.token.is_some() && !self.cancelled
     }
 }
 
@@ -510,6 +531,10 @@ impl<I: Io> Store<I> {
         read(e, &mut self.io);
         let fill = e.fill(slot);
         read(e, &mut self.io);
+        if let Some(err) = e.error.take() {
+            self.export_cancel(id);
+            return Err(err);
+        }
         let _ = self.io.submit();
         if let Fill::Chunk { last: true, .. } = fill {
             self.exports.remove(id);
@@ -594,15 +619,15 @@ impl<I: Io> Store<I> {
     }
 
     /// Checks one chunk of import `id` and writes its records. `resolve`
-    /// gives the local id of each state the snapshot names (or refuses
-    /// it). After the last chunk, `token` completes through `poll`. An
+    /// gives the local ids of the states the snapshot's table names, in
+    /// its order (or refuses them), once per import. After the last chunk, `token` completes through `poll`. An
     /// error abandons the import; nothing of it is installed.
     pub fn import_chunk(
         &mut self,
         id: usize,
         chunk: &[u8],
         token: u64,
-        resolve: &mut dyn FnMut(&StateDesc) -> Result<u32, String>,
+        resolve: &mut Resolve<'_>,
     ) -> Result<ImportStep, StoreError> {
         let Some(imp) = self
             .imports
@@ -651,6 +676,19 @@ impl<I: Io> Store<I> {
         }
         self.step_imports();
         Ok(ImportStep::Finishing)
+    }
+
+    /// Bytes import `id` has handed to the disk and not yet seen written:
+    /// a caller feeding chunks faster than the disk takes them should
+    /// hold back while this is large.
+    pub fn import_backlog(&self, id: usize) -> usize {
+        self.imports.get(id).map_or(0, |i| {
+            i.writers
+                .iter()
+                .flatten()
+                .map(|w| w.writes_in_flight() * segment::WRITE_CHUNK)
+                .sum()
+        })
     }
 
     /// Abandons import `id`: its files are deleted (once its writes in
@@ -741,10 +779,12 @@ impl<I: Io> Store<I> {
     fn install_import(&mut self, imp: Import) -> Result<Imported, StoreError> {
         let d = imp.decoded.clone().unwrap_or_default();
         let mut added = Vec::new();
+        // The owner's states and every state the snapshot named (one
+        // without records in the range is emptied there too).
         let mut states = imp.spec.states.clone();
+        states.extend(imp.map.iter().map(|m| m.1));
         for (writer, mine) in imp.writers.into_iter().zip(imp.writer_states) {
             let Some(writer) = writer else { continue };
-            states.extend_from_slice(&mine);
             let id = self.next_segment_id;
             self.next_segment_id += 1;
             let mut seg = writer.into_segment(id);
@@ -827,16 +867,26 @@ impl Import {
     fn resolve_states(
         &mut self,
         table: &[StateDesc],
-        resolve: &mut dyn FnMut(&StateDesc) -> Result<u32, String>,
+        resolve: &mut Resolve<'_>,
     ) -> Result<(), SnapshotError> {
-        let mut sorted: Vec<&StateDesc> = table.iter().collect();
-        sorted.sort_by_key(|s| s.id);
-        for s in sorted {
-            let local = resolve(s).map_err(SnapshotError::Refused)?;
-            if self.map.iter().any(|m| m.1 == local) {
+        let locals = resolve(table).map_err(SnapshotError::Refused)?;
+        if locals.len() != table.len() {
+            return Err(SnapshotError::Refused(
+                "the state resolver answered for another number of states".into(),
+            ));
+        }
+        let mut pairs: Vec<(u32, u32, &[u8])> = table
+            .iter()
+            .zip(&locals)
+            .map(|(d, &l)| (d.id, l, &d.name[..]))
+            .collect();
+        pairs.sort_unstable_by_key(|p| p.0);
+        let mut seen = std::collections::HashSet::with_capacity(pairs.len());
+        for (id, local, name) in pairs {
+            if !seen.insert(local) {
                 return Err(SnapshotError::Refused(format!(
                     "two states of the snapshot are state {} here",
-                    String::from_utf8_lossy(&s.name)
+                    String::from_utf8_lossy(name)
                 )));
             }
             let w = match self
@@ -853,12 +903,8 @@ impl Import {
                 }
             };
             self.writer_states[w].push(local);
-            self.map.push((s.id, local, w));
-        }
-        if self.writers.len() > 0xffff {
-            return Err(SnapshotError::Refused(
-                "too many states out of order".into(),
-            ));
+            // Sorted by snapshot id: records look their state up by search.
+            self.map.push((id, local, w));
         }
         Ok(())
     }
@@ -874,11 +920,11 @@ impl Import {
         value: &[u8],
     ) -> Result<(), SnapshotError> {
         let sid = keys::state_id(key).expect("the decoder checked the key's length");
-        let &(_, local, w) = self
+        let i = self
             .map
-            .iter()
-            .find(|m| m.0 == sid)
+            .binary_search_by_key(&sid, |m| m.0)
             .expect("the decoder checked the state is in the table");
+        let (_, local, w) = self.map[i];
         if keys::base_len(key).is_none() {
             return Err(SnapshotError::Refused(
                 "a record whose key is malformed".into(),
@@ -911,4 +957,3 @@ impl Import {
         SnapshotError::Refused(msg)
     }
 }
-

@@ -54,12 +54,22 @@ impl Cursor {
 
     /// A cursor over only the blocks that may hold key groups `lo..=hi`
     /// (a restored layer is often a slice of a larger file).
-    pub fn key_groups(seg: Rc<Segment>, lo: u16, hi: u16, read_blocks: usize, max_reads: usize) -> Cursor {
+    pub fn key_groups(
+        seg: Rc<Segment>,
+        lo: u16,
+        hi: u16,
+        read_blocks: usize,
+        max_reads: usize,
+    ) -> Cursor {
         let mut c = Cursor::new(seg, read_blocks, max_reads);
         let n = c.seg.index.len();
         let first = c.seg.index.find(&keys::key_group_start(lo)).unwrap_or(n);
         c.end = match hi.checked_add(1) {
-            Some(next) => c.seg.index.find(&keys::key_group_start(next)).map_or(n, |b| b + 1),
+            Some(next) => c
+                .seg
+                .index
+                .find(&keys::key_group_start(next))
+                .map_or(n, |b| b + 1),
             None => n,
         };
         c.next_read = first.min(c.end);

@@ -148,12 +148,17 @@ pub fn import_chunks<I: Io>(
 ) -> Result<Imported, StoreError> {
     const TOKEN: u64 = 0x1417;
     let id = s.import_begin(spec)?;
-    let mut resolve = |d: &StateDesc| {
-        names
+    let mut resolve = |table: &[StateDesc]| {
+        table
             .iter()
-            .find(|(n, _)| *n == &d.name[..])
-            .map(|(_, id)| *id)
-            .ok_or_else(|| format!("no state {}", String::from_utf8_lossy(&d.name)))
+            .map(|d| {
+                names
+                    .iter()
+                    .find(|(n, _)| *n == &d.name[..])
+                    .map(|(_, id)| *id)
+                    .ok_or_else(|| format!("no state {}", String::from_utf8_lossy(&d.name)))
+            })
+            .collect::<Result<Vec<u32>, String>>()
     };
     let mut finishing = false;
     for c in chunks {
