@@ -214,6 +214,9 @@ pub struct SegmentWriter {
     filter: Option<Bloom>,
     footer_page: Option<(u64, AlignedBuf)>,
     fsync_issued: bool,
+    /// Write buffers the kernel gave back, reused (a fresh one costs a
+    /// zeroing pass and page faults).
+    spare: Vec<AlignedBuf>,
 }
 
 impl SegmentWriter {
@@ -273,6 +276,7 @@ impl SegmentWriter {
             filter: None,
             footer_page: None,
             fsync_issued: false,
+            spare: Vec::new(),
         })
     }
 
@@ -313,10 +317,15 @@ impl SegmentWriter {
             }
             return;
         }
-        let full = std::mem::replace(
-            &mut self.buf,
-            AlignedBuf::with_capacity((WRITE_CHUNK + 64 * 1024).max(next)),
-        );
+        let cap = (WRITE_CHUNK + 64 * 1024).max(next);
+        let fresh = match self.spare.pop() {
+            Some(mut b) if b.capacity() >= cap => {
+                b.clear();
+                b
+            }
+            _ => AlignedBuf::with_capacity(cap),
+        };
+        let full = std::mem::replace(&mut self.buf, fresh);
         let len = full.len() as u64;
         if self.error.is_none() {
             io.write(self.file, self.offset, full, self.token);
@@ -414,9 +423,16 @@ impl SegmentWriter {
         true
     }
 
-    /// Records the completion of one of this writer's writes.
-    pub fn write_done(&mut self, result: Result<usize, i32>) {
+    /// Records the completion of one of this writer's writes (and takes
+    /// its buffer back for the next).
+    pub fn write_done(&mut self, result: Result<usize, i32>, buf: Option<AlignedBuf>) {
         self.writes_in_flight -= 1;
+        if let Some(b) = buf
+            && b.capacity() >= WRITE_CHUNK + 64 * 1024
+            && self.spare.len() < 2
+        {
+            self.spare.push(b);
+        }
         if let Err(errno) = result
             && self.error.is_none()
         {

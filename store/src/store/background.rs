@@ -71,13 +71,13 @@ impl<I: Io> Store<I> {
                 TAG_FETCH => self.fetch_done(v as usize, c),
                 TAG_FLUSH_WRITE => {
                     if let Some(j) = self.flush.as_mut() {
-                        j.writer.write_done(c.result);
+                        j.writer.write_done(c.result, c.buf);
                     }
                 }
                 TAG_FLUSH_SYNC => self.flush_synced(c.result),
                 TAG_COMPACT_WRITE => {
                     if let Some(j) = self.compact.as_mut() {
-                        j.writer.write_done(c.result);
+                        j.writer.write_done(c.result, c.buf);
                     }
                 }
                 TAG_COMPACT_SYNC => self.compact_synced(c.result),
@@ -86,7 +86,7 @@ impl<I: Io> Store<I> {
                     self.checkpoint_io_done(t, v as usize, c.result)
                 }
                 TAG_EXPORT_READ => self.export_read_done(v, c),
-                TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c.result),
+                TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c),
                 TAG_DIR_SYNC => {
                     self.dir_sync_in_flight = false;
                     match c.result {

@@ -709,7 +709,8 @@ impl<I: Io> Store<I> {
         }
     }
 
-    pub(super) fn import_io_done(&mut self, t: u64, v: u64, r: Result<usize, i32>) {
+    pub(super) fn import_io_done(&mut self, t: u64, v: u64, c: IoCompletion) {
+        let r = c.result;
         let (id, w) = ((v >> 16) as usize, (v & 0xffff) as usize);
         let Some(imp) = self.imports.get_mut(id) else {
             return;
@@ -718,7 +719,7 @@ impl<I: Io> Store<I> {
             return;
         };
         if t == TAG_IMPORT_WRITE {
-            writer.write_done(r);
+            writer.write_done(r, c.buf);
         } else {
             match writer.synced(&mut self.io, r) {
                 Ok(true) => imp.complete[w] = true,
