@@ -12,7 +12,10 @@
 //! (timed per chunk), then up to 256 MiB of the chunks are imported into a
 //! fresh store (until installed and durable). Both are compared, in GB/s,
 //! with the limit of the same bytes: memcpy into a slot plus CRC32C, from
-//! a buffer larger than the caches, measured in the same run.
+//! a buffer larger than the caches, measured in the same run, and the
+//! export with the disk's own sequential O_DIRECT read of the store's files
+//! (an export from disk reads no faster). `--compact` exports one
+//! compacted layer instead (no merge: the best case).
 //!
 //! The RocksDB peer (cargo feature `rocksdb`) checkpoints the same state
 //! the way an incremental snapshot does: `create_checkpoint` (hard links
