@@ -65,8 +65,27 @@ pub struct Malformed(pub &'static str);
 pub struct BlockBuilder {
     payload: Vec<u8>,
     offsets: Vec<u32>,
-    last_key: Vec<u8>,
 }
+
+/// Where a finished block is appended: a `Vec`, or the aligned buffer a
+/// segment writer hands to the disk (no staging copy).
+pub trait BlockSink {
+    fn append(&mut self, bytes: &[u8]);
+}
+
+impl BlockSink for Vec<u8> {
+    fn append(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl BlockSink for crate::aligned::AlignedBuf {
+    fn append(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+static ZEROS: [u8; ALIGN] = [0; ALIGN];
 
 impl BlockBuilder {
     pub fn is_empty(&self) -> bool {
@@ -81,7 +100,7 @@ impl BlockBuilder {
     /// Adds a record; keys must arrive in strictly ascending order.
     pub fn add(&mut self, kind: Kind, key: &[u8], value: &[u8]) {
         debug_assert!(
-            self.offsets.is_empty() || key > &self.last_key[..],
+            self.offsets.is_empty() || key > self.last_key(),
             "keys out of order"
         );
         self.offsets.push(self.payload.len() as u32);
@@ -93,28 +112,36 @@ impl BlockBuilder {
             .extend_from_slice(&(value.len() as u32).to_le_bytes());
         self.payload.extend_from_slice(key);
         self.payload.extend_from_slice(value);
-        self.last_key.clear();
-        self.last_key.extend_from_slice(key);
     }
 
+    /// The key of the last record added (empty if none).
     pub fn last_key(&self) -> &[u8] {
-        &self.last_key
+        let Some(&o) = self.offsets.last() else {
+            return &[];
+        };
+        let o = o as usize;
+        let klen = u16::from_le_bytes([self.payload[o + 2], self.payload[o + 3]]) as usize;
+        &self.payload[o + RECORD_HEADER..o + RECORD_HEADER + klen]
+    }
+
+    /// Bytes the finished block will take (padded to 4 KiB).
+    pub fn finished_len(&self) -> usize {
+        (BLOCK_HEADER + self.payload.len() + self.offsets.len() * 4 + 4).next_multiple_of(ALIGN)
     }
 
     /// Appends the finished block (header, payload, offsets, zero padding
     /// to 4 KiB) to `out` and resets the builder. Returns its length.
-    pub fn finish_into(&mut self, out: &mut Vec<u8>) -> usize {
-        let start = out.len();
+    pub fn finish_into<S: BlockSink + ?Sized>(&mut self, out: &mut S) -> usize {
+        let padded = self.finished_len();
         for o in &self.offsets {
             self.payload.extend_from_slice(&o.to_le_bytes());
         }
         self.payload
             .extend_from_slice(&(self.offsets.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&self.payload).to_le_bytes());
-        out.extend_from_slice(&self.payload);
-        let padded = (out.len() - start).next_multiple_of(ALIGN);
-        out.resize(start + padded, 0);
+        out.append(&(self.payload.len() as u32).to_le_bytes());
+        out.append(&crc32c::crc32c(&self.payload).to_le_bytes());
+        out.append(&self.payload);
+        out.append(&ZEROS[..padded - BLOCK_HEADER - self.payload.len()]);
         self.payload.clear();
         self.offsets.clear();
         padded

@@ -199,7 +199,6 @@ pub struct SegmentWriter {
     offset: u64,
     buf: AlignedBuf,
     block: BlockBuilder,
-    scratch: Vec<u8>,
     index: BlockIndex,
     hashes: Vec<u64>,
     records: u64,
@@ -257,7 +256,6 @@ impl SegmentWriter {
             offset: 0,
             buf: AlignedBuf::with_capacity(WRITE_CHUNK + 64 * 1024),
             block: BlockBuilder::default(),
-            scratch: Vec::new(),
             index: BlockIndex::default(),
             hashes: Vec::new(),
             records: 0,
@@ -296,14 +294,14 @@ impl SegmentWriter {
     }
 
     fn finish_block<I: Io>(&mut self, io: &mut I) {
-        self.scratch.clear();
-        let len = self.block.finish_into(&mut self.scratch);
-        let off = self.offset + self.buf.len() as u64;
-        self.index.push(off, len as u32, self.block.last_key());
+        let len = self.block.finished_len();
         if self.buf.len() + len > self.buf.capacity() {
             self.flush_buf(io, len);
         }
-        self.buf.extend_from_slice(&self.scratch);
+        let off = self.offset + self.buf.len() as u64;
+        self.index.push(off, len as u32, self.block.last_key());
+        // Straight into the write buffer.
+        self.block.finish_into(&mut self.buf);
         if self.buf.len() >= WRITE_CHUNK {
             self.flush_buf(io, 0);
         }

@@ -436,16 +436,25 @@ fn check_value(v: &[u8]) -> Result<(), StoreError> {
 
 /// Joins a base value (if any) with operands given newest first.
 fn join(base: Option<&[u8]>, operands: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        base.map_or(0, |b| b.len()) + operands.iter().map(|o| o.len()).sum::<usize>(),
-    );
+    let mut out = Vec::with_capacity(joined_len(base, operands));
+    join_into(&mut out, base, operands);
+    out
+}
+
+/// Bytes of `base` and `operands` joined.
+fn joined_len<T: AsRef<[u8]>>(base: Option<&[u8]>, operands: &[T]) -> usize {
+    base.map_or(0, <[u8]>::len) + operands.iter().map(|o| o.as_ref().len()).sum::<usize>()
+}
+
+/// Appends `base`, then the list operands oldest first (they come newest
+/// first), to `out`.
+fn join_into<T: AsRef<[u8]>>(out: &mut Vec<u8>, base: Option<&[u8]>, operands: &[T]) {
     if let Some(b) = base {
         out.extend_from_slice(b);
     }
     for o in operands.iter().rev() {
-        out.extend_from_slice(o);
+        out.extend_from_slice(o.as_ref());
     }
-    out
 }
 
 fn corrupt(seg: &Segment, offset: u64, what: &'static str) -> StoreError {

@@ -346,7 +346,7 @@ impl Export {
         if raw.is_none() && base.is_none() && operands.is_empty() {
             return false;
         }
-        let vlen = base.map_or(0, <[u8]>::len) + operands.iter().map(|o| o.len()).sum::<usize>();
+        let vlen = joined_len(base, &operands);
         if raw.is_none() && RECORD_HEADER + key.len() + vlen > MAX_ITEM {
             // An importer would refuse it (and a u32 could not say it).
             self.error.get_or_insert(StoreError::TooLarge {
@@ -395,18 +395,12 @@ fn merged_record<'a>(
     base: Option<&[u8]>,
     operands: &[&[u8]],
 ) -> &'a [u8] {
-    let vlen = base.map_or(0, <[u8]>::len) + operands.iter().map(|o| o.len()).sum::<usize>();
     out.clear();
     out.extend_from_slice(&[Kind::Put as u8, 0]);
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(vlen as u32).to_le_bytes());
+    out.extend_from_slice(&(joined_len(base, operands) as u32).to_le_bytes());
     out.extend_from_slice(key);
-    if let Some(b) = base {
-        out.extend_from_slice(b);
-    }
-    for o in operands.iter().rev() {
-        out.extend_from_slice(o);
-    }
+    join_into(out, base, operands);
     out
 }
 
@@ -940,14 +934,18 @@ impl Import {
                 Err(e) => return Err(self.fail(e)),
             }
         }
-        self.key.clear();
-        self.key.extend_from_slice(key);
-        self.key[2..6].copy_from_slice(&local.to_be_bytes());
         let writer = self.writers[w].as_mut().expect("created above");
         if let Some(e) = writer.error.clone() {
             return Err(self.fail(e));
         }
-        writer.add(io, Kind::Put, &self.key, value);
+        if local == sid {
+            writer.add(io, Kind::Put, key, value);
+        } else {
+            self.key.clear();
+            self.key.extend_from_slice(key);
+            self.key[2..6].copy_from_slice(&local.to_be_bytes());
+            writer.add(io, Kind::Put, &self.key, value);
+        }
         Ok(())
     }
 
