@@ -107,12 +107,26 @@ fn wait_cqes(ring: &mut ClientRing<'_>, n: usize) -> Vec<Cqe> {
     out
 }
 
-#[test]
-fn bad_descriptors_get_errors_and_scribbling_hurts_no_one_else() {
-    let d = Daemon::start(64);
+/// Another job's session with one value written (that must stay safe).
+fn good_session(d: &Daemon) -> (Session, ValueState) {
     let mut good = Session::open(&d.socket, &opts("good", 0, 1)).unwrap();
     let gst = ValueState(good.register("v", Kind::Value).unwrap());
     run(&mut good, &gst.put(3, b"mine", b"safe")).unwrap();
+    (good, gst)
+}
+
+/// Submits one descriptor and waits for its completion.
+fn one(ring: &mut ClientRing<'_>, raw: &Raw, sqe: &Sqe) -> Cqe {
+    assert!(ring.sq.push(sqe).unwrap());
+    ring.sq.publish();
+    raw.to_daemon.ring();
+    wait_cqes(ring, 1)[0]
+}
+
+#[test]
+fn bad_descriptors_get_errors_and_scribbling_hurts_no_one_else() {
+    let d = Daemon::start(64);
+    let (mut good, gst) = good_session(&d);
 
     let raw = raw_session(&d.socket);
     {
@@ -434,9 +448,7 @@ fn hostile_snapshot_requests_are_refused_and_hurt_no_one() {
     use stator_store::StateKind;
     use stator_store::snapshot::{ChunkEncoder, StateDesc, encode_states};
     let d = Daemon::start(64);
-    let mut good = Session::open(&d.socket, &opts("good", 0, 1)).unwrap();
-    let gst = ValueState(good.register("v", Kind::Value).unwrap());
-    run(&mut good, &gst.put(3, b"mine", b"safe")).unwrap();
+    let (mut good, gst) = good_session(&d);
 
     let raw = raw_session(&d.socket);
     let mut ring = ClientRing::attach(raw.seg.view()).unwrap();
@@ -500,12 +512,9 @@ fn hostile_snapshot_requests_are_refused_and_hurt_no_one() {
             user_data: i as u64,
             ..*sqe
         };
-        assert!(ring.sq.push(&sqe).unwrap());
-        ring.sq.publish();
-        raw.to_daemon.ring();
-        let got = wait_cqes(&mut ring, 1);
+        let got = one(&mut ring, &raw, &sqe);
         assert_eq!(
-            (got[0].user_data, Status::from_i32(got[0].status)),
+            (got.user_data, Status::from_i32(got.status)),
             (i as u64, Some(*want)),
             "case {i}: {sqe:?}"
         );
@@ -516,11 +525,8 @@ fn hostile_snapshot_requests_are_refused_and_hurt_no_one() {
         user_data: 99,
         ..op(Opcode::SnapshotImport, 3, 0)
     };
-    assert!(ring.sq.push(&sqe).unwrap());
-    ring.sq.publish();
-    raw.to_daemon.ring();
-    let got = wait_cqes(&mut ring, 1);
-    assert_eq!(Status::from_i32(got[0].status), Some(Status::BadSnapshot));
+    let got = one(&mut ring, &raw, &sqe);
+    assert_eq!(Status::from_i32(got.status), Some(Status::BadSnapshot));
     // Another job's state is as it was, and the daemon serves.
     let r = run(&mut good, &gst.get(3, b"mine")).unwrap();
     assert_eq!(r.value.as_deref(), Some(&b"safe"[..]));

@@ -154,11 +154,7 @@ impl<I: Io> Store<I> {
                 if input.clipped(&key) || masked_by(&kg_deletes, input.footer.order, &key) {
                     continue;
                 }
-                if let Some((cb, cr)) = &j.clear
-                    && key.starts_with(cb)
-                    && key.len() > cb.len()
-                    && rank > *cr
-                {
+                if cleared(&j.clear, &key, rank) {
                     continue;
                 }
                 match rec.kind {

@@ -441,6 +441,15 @@ fn join(base: Option<&[u8]>, operands: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
+/// Whether a clear marker seen in a newer layer (its base key and the
+/// layer's rank; ranks count from the newest) hides `key` of layer `rank`:
+/// every entry under the marker's map in an older layer.
+fn cleared(clear: &Option<(Vec<u8>, usize)>, key: &[u8], rank: usize) -> bool {
+    clear
+        .as_ref()
+        .is_some_and(|(cb, cr)| key.starts_with(cb) && key.len() > cb.len() && rank > *cr)
+}
+
 /// Bytes of `base` and `operands` joined.
 fn joined_len<T: AsRef<[u8]>>(base: Option<&[u8]>, operands: &[T]) -> usize {
     base.map_or(0, <[u8]>::len) + operands.iter().map(|o| o.as_ref().len()).sum::<usize>()

@@ -317,11 +317,7 @@ impl Export {
             if decided || !self.clips[rank].admits(&key) {
                 continue;
             }
-            if let Some((cb, cr)) = &self.clear
-                && key.starts_with(cb)
-                && key.len() > cb.len()
-                && rank > *cr
-            {
+            if cleared(&self.clear, &key, rank) {
                 continue;
             }
             match rec.kind {

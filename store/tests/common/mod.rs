@@ -79,20 +79,25 @@ pub fn settle_fully<I: Io>(s: &mut Store<I>) {
 pub fn checkpoint<I: Io>(s: &mut Store<I>, spec: CheckpointSpec) -> Result<Vec<u8>, StoreError> {
     const TOKEN: u64 = 0xc0ffee;
     s.checkpoint(TOKEN, spec)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    wait_token(s, TOKEN).map(|o| match o {
+        Owned::Value(Some(h)) => h,
+        o => panic!("a checkpoint completed with {o:?}"),
+    })
+}
+
+/// Polls until `token` completes (within 60 s).
+pub fn wait_token<I: Io>(s: &mut Store<I>, token: u64) -> Result<Owned, StoreError> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut got = None;
     while got.is_none() {
         s.poll(|t, r| {
-            if t == TOKEN {
-                got = Some(r.map(|o| match Owned::from(o) {
-                    Owned::Value(Some(h)) => h,
-                    o => panic!("a checkpoint completed with {o:?}"),
-                }));
+            if t == token {
+                got = Some(r.map(Owned::from));
             }
         });
         assert!(
             std::time::Instant::now() < deadline,
-            "checkpoint never completed"
+            "operation {token:#x} never completed"
         );
         if got.is_none() {
             s.wait(Some(Duration::from_millis(5))).unwrap();
@@ -170,24 +175,8 @@ pub fn import_chunks<I: Io>(
             "the chunks ended before the last one".into(),
         ));
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let mut got = None;
-    while got.is_none() {
-        s.poll(|t, r| {
-            if t == TOKEN {
-                got = Some(r.map(|o| match Owned::from(o) {
-                    Owned::Imported(i) => i,
-                    o => panic!("an import completed with {o:?}"),
-                }));
-            }
-        });
-        assert!(
-            std::time::Instant::now() < deadline,
-            "import never completed"
-        );
-        if got.is_none() {
-            s.wait(Some(Duration::from_millis(5))).unwrap();
-        }
-    }
-    got.unwrap()
+    wait_token(s, TOKEN).map(|o| match o {
+        Owned::Imported(i) => i,
+        o => panic!("an import completed with {o:?}"),
+    })
 }
