@@ -29,15 +29,18 @@ use crate::snapshot::{
     encode_states,
 };
 
-/// Exports (and imports) in progress at once per store.
-pub const MAX_EXPORTS: usize = 1024;
-pub const MAX_IMPORTS: usize = 1024;
+/// Exports (and imports) in progress at once per store: each holds read
+/// buffers (or write buffers and a filter) outside the memory budget.
+pub const MAX_EXPORTS: usize = 64;
+pub const MAX_IMPORTS: usize = 64;
 /// Layers an export can merge (cursor numbers fit its read tokens).
 const MAX_EXPORT_LAYERS: usize = 4095;
 /// Blocks per export read (1 MiB at the 4 KiB block size) and reads in
-/// flight per layer.
+/// flight per layer, at most; an export's read-ahead over all its layers
+/// stays within `EXPORT_WINDOW` (smaller reads when it has many layers).
 const EXPORT_READ_BLOCKS: usize = 256;
 const EXPORT_READS: usize = 4;
+const EXPORT_WINDOW: usize = 16 << 20;
 /// Bytes one `export_fill` writes at most: bounds the pause it costs the
 /// other work of the thread that calls it.
 const FILL_BUDGET: usize = 1 << 20;
@@ -494,15 +497,13 @@ impl<I: Io> Store<I> {
                 return Ok(Fill::Wait);
             }
             e.layers.sort_by_key(|l| Reverse(l.0));
+            let per_layer = EXPORT_WINDOW / e.layers.len().max(1);
+            let blocks = (per_layer / ALIGN / 2).clamp(8, EXPORT_READ_BLOCKS);
+            let reads = (per_layer / (blocks * ALIGN)).clamp(1, EXPORT_READS);
             for (_, seg, clip) in e.layers.drain(..) {
                 let (lo, hi) = (clip.keep.lo, clip.keep.hi);
-                e.cursors.push(Cursor::key_groups(
-                    seg,
-                    lo,
-                    hi,
-                    EXPORT_READ_BLOCKS,
-                    EXPORT_READS,
-                ));
+                e.cursors
+                    .push(Cursor::key_groups(seg, lo, hi, blocks, reads));
                 e.clips.push(clip);
             }
             e.moved = (0..e.cursors.len()).rev().collect();
