@@ -139,6 +139,12 @@ impl Registry {
         Ok(ids)
     }
 
+    /// Whether `(job, op, name)` is registered.
+    pub fn is_registered(&self, job: &str, op: &str, name: &str) -> bool {
+        self.index
+            .contains_key(&(job.to_string(), op.to_string(), name.to_string()))
+    }
+
     fn next_id(&self) -> u32 {
         self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1)
     }

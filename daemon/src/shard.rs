@@ -168,6 +168,9 @@ struct ImportState {
     held: VecDeque<u64>,
 }
 
+/// States new to the operator one import may register.
+const IMPORT_NEW_STATES: usize = 256;
+
 /// Bytes of import writes in flight past which chunk completions wait.
 const IMPORT_BACKLOG: usize = 16 << 20;
 
@@ -710,7 +713,7 @@ impl Shard {
                                 import,
                                 chunk,
                             };
-                            snapshot_op(store, ring, sqe, who, ctx)
+                            snapshot_op(store, ring, sqe, who, ctx)?
                         };
                         if let Some(c) = c {
                             push(ring, &c)?;
@@ -1325,12 +1328,12 @@ fn snapshot_op(
     sqe: &Sqe,
     (owner, job, operator, (lo, hi)): Owner<'_>,
     cx: SnapshotCtx<'_>,
-) -> Option<Cqe> {
+) -> Result<Option<Cqe>, QueueError> {
     let v = match sqe.validate(ring.arena()) {
         Ok(v) => v,
-        Err(e) => return Some(Cqe::status(sqe.user_data, Status::from(e))),
+        Err(e) => return Ok(Some(Cqe::status(sqe.user_data, Status::from(e)))),
     };
-    let done = |st: Status| Some(Cqe::status(v.user_data, st));
+    let done = |st: Status| Ok(Some(Cqe::status(v.user_data, st)));
     let lock = || cx.registry.lock().unwrap_or_else(|p| p.into_inner());
     match v.op {
         Opcode::SnapshotExport => {
@@ -1366,9 +1369,7 @@ fn snapshot_op(
                 if let Some(id) = e.id.take() {
                     store.export_cancel(id);
                 }
-                if end_export(ring, e, cx.in_flight).is_err() {
-                    return done(Status::Internal);
-                }
+                end_export(ring, e, cx.in_flight)?;
                 return done(Status::Ok);
             }
             if v.arg2 >= cx.chunk_slots || e.queue.iter().any(|q| q.0 == v.arg2) {
@@ -1379,16 +1380,14 @@ fn snapshot_op(
             }
             e.queue.push_back((v.arg2, v.user_data));
             *cx.in_flight += 1;
-            None
+            Ok(None)
         }
         _ => {
             // SnapshotImport: the chunk in slot `arg2`, of import `arg`.
             if v.arg2 == CANCEL_SNAPSHOT {
                 if let Some(i) = cx.import.as_ref().filter(|i| i.import == v.arg) {
                     store.import_cancel(i.id);
-                    if end_import(ring, cx.import, cx.in_flight, Status::Ok).is_err() {
-                        return done(Status::Internal);
-                    }
+                    end_import(ring, cx.import, cx.in_flight, Status::Ok)?;
                 }
                 return done(Status::Ok);
             }
@@ -1445,9 +1444,19 @@ fn snapshot_op(
                         .map_err(|_| "a state name that is not UTF-8".to_string())?;
                     named.push((name, wire_kind(d.kind)));
                 }
-                lock()
-                    .register_all(job, operator, &named)
-                    .map_err(|(_, m)| m)
+                let mut reg = lock();
+                let new = named
+                    .iter()
+                    .filter(|(n, _)| !reg.is_registered(job, operator, n))
+                    .count();
+                if new > IMPORT_NEW_STATES {
+                    // Registrations outlive a refused import: a snapshot
+                    // cannot fill the daemon's registry with names.
+                    return Err(format!(
+                        "the snapshot names {new} states this operator does not have (at most {IMPORT_NEW_STATES})"
+                    ));
+                }
+                reg.register_all(job, operator, &named).map_err(|(_, m)| m)
             };
             match store.import_chunk(id, &cx.chunk[..], tok as u64, &mut resolve) {
                 Ok(ImportStep::Consumed) => {
@@ -1459,22 +1468,18 @@ fn snapshot_op(
                     // The disk is behind: the slot comes back later.
                     imp.held.push_back(v.user_data);
                     *cx.in_flight += 1;
-                    None
+                    Ok(None)
                 }
                 Ok(ImportStep::Finishing) => {
                     *cx.in_flight += 1;
-                    if end_import(ring, cx.import, cx.in_flight, Status::Ok).is_err() {
-                        return done(Status::Internal);
-                    }
-                    None
+                    end_import(ring, cx.import, cx.in_flight, Status::Ok)?;
+                    Ok(None)
                 }
                 Err(e) => {
                     cx.pending.remove(tok);
                     tracing::warn!(import = v.arg, error = %e, "snapshot import refused");
                     let st = status_of(&e);
-                    if end_import(ring, cx.import, cx.in_flight, st).is_err() {
-                        return done(Status::Internal);
-                    }
+                    end_import(ring, cx.import, cx.in_flight, st)?;
                     done(st)
                 }
             }

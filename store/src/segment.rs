@@ -216,6 +216,7 @@ pub struct SegmentWriter {
     /// Write buffers the kernel gave back, reused (a fresh one costs a
     /// zeroing pass and page faults).
     spare: Vec<AlignedBuf>,
+    finished_data: bool,
 }
 
 impl SegmentWriter {
@@ -275,6 +276,7 @@ impl SegmentWriter {
             footer_page: None,
             fsync_issued: false,
             spare: Vec::new(),
+            finished_data: false,
         })
     }
 
@@ -317,6 +319,7 @@ impl SegmentWriter {
         }
         let cap = (WRITE_CHUNK + 64 * 1024).max(next);
         let fresh = match self.spare.pop() {
+            _ if self.finished_data => AlignedBuf::with_capacity(0),
             Some(mut b) if b.capacity() >= cap => {
                 b.clear();
                 b
@@ -337,6 +340,9 @@ impl SegmentWriter {
         if !self.block.is_empty() {
             self.finish_block(io);
         }
+        // The last data write needs no buffer after it, and none is kept.
+        self.finished_data = true;
+        self.spare = Vec::new();
         self.flush_buf(io, 0);
         let data_len = self.offset;
         let mut filter = Bloom::with_keys(self.hashes.len());
@@ -428,6 +434,7 @@ impl SegmentWriter {
         if let Some(b) = buf
             && b.capacity() >= WRITE_CHUNK + 64 * 1024
             && self.spare.len() < 2
+            && !self.finished_data
         {
             self.spare.push(b);
         }

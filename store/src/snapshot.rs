@@ -109,6 +109,7 @@ fn decode_states(body: &[u8]) -> Option<Vec<StateDesc>> {
     let mut p = &body[4..];
     let mut out = Vec::with_capacity(n);
     let mut ids = std::collections::HashSet::with_capacity(n);
+    let mut names = std::collections::HashSet::with_capacity(n);
     for _ in 0..n {
         let id = u32::from_le_bytes(p.get(..4)?.try_into().ok()?);
         let kind = match p.get(4)? {
@@ -122,7 +123,7 @@ fn decode_states(body: &[u8]) -> Option<Vec<StateDesc>> {
         }
         let len = u16::from_le_bytes(p.get(6..8)?.try_into().ok()?) as usize;
         let name = p.get(8..8 + len)?.to_vec();
-        if len == 0 || len > MAX_NAME || !ids.insert(id) {
+        if len == 0 || len > MAX_NAME || !ids.insert(id) || !names.insert(name.clone()) {
             return None;
         }
         out.push(StateDesc { id, kind, name });
@@ -408,7 +409,7 @@ impl ChunkDecoder {
                 return Err(bad("a malformed or repeated state table"));
             }
             let states = decode_states(&b[8..]).ok_or(bad(
-                "malformed state table (or over 4096 states, an empty or over-long name, a repeated id)",
+                "malformed state table (or over 4096 states, an empty or over-long name, a repeated id or name)",
             ))?;
             f(Item::States(&states))?;
             self.ids = states.iter().map(|s| s.id).collect();

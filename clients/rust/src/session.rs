@@ -653,11 +653,16 @@ impl Session {
         }
         if records.is_none() {
             // Not installed: make sure the daemon lets go of it (a refused
-            // chunk ended it already; chunks that ran out did not).
+            // chunk ended it already; chunks that ran out did not). The
+            // first error is the one reported.
             const CANCEL: u64 = u64::MAX - 2;
-            self.submit(&Request::import_cancel(import_id), CANCEL)?;
-            self.flush()?;
-            self.wait_one(CANCEL)?;
+            let cancelled = self
+                .submit(&Request::import_cancel(import_id), CANCEL)
+                .and_then(|()| self.flush())
+                .and_then(|()| self.wait_one(CANCEL));
+            if let (None, Err(e)) = (&failed, cancelled) {
+                failed = Some(e);
+            }
         }
         match (failed, records) {
             (Some(e), _) => Err(e),

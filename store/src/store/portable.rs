@@ -33,11 +33,15 @@ use crate::snapshot::{
 /// buffers (or write buffers and a filter) outside the memory budget.
 pub const MAX_EXPORTS: usize = 64;
 pub const MAX_IMPORTS: usize = 64;
+/// Files one import may write (one per run of states whose ids ascend in
+/// both stores); each holds a write buffer until installed.
+const MAX_IMPORT_FILES: usize = 64;
 /// Layers an export can merge (cursor numbers fit its read tokens).
 const MAX_EXPORT_LAYERS: usize = 4095;
 /// Blocks per export read (1 MiB at the 4 KiB block size) and reads in
 /// flight per layer, at most; an export's read-ahead over all its layers
-/// stays within `EXPORT_WINDOW` (smaller reads when it has many layers).
+/// aims at `EXPORT_WINDOW` (smaller reads when it has many layers, down to
+/// 8 blocks per layer).
 const EXPORT_READ_BLOCKS: usize = 256;
 const EXPORT_READS: usize = 4;
 const EXPORT_WINDOW: usize = 16 << 20;
@@ -277,6 +281,11 @@ impl Export {
             return true;
         }
         let span = v.raw(&first);
+        if span.len() > MAX_ITEM {
+            // An importer would refuse it (a list joined by compaction).
+            self.error.get_or_insert(too_large(span.len()));
+            return false;
+        }
         let room = slot.slot_len().saturating_sub(self.enc.pos());
         let (len, j) = v.put_run(*at, span.len(), room, |k| {
             keys::key_group(k) == kg && (!bounded || k < &self.bound[..]) && clip.admits(k)
@@ -346,13 +355,9 @@ impl Export {
             return false;
         }
         let vlen = joined_len(base, &operands);
-        if raw.is_none() && RECORD_HEADER + key.len() + vlen > MAX_ITEM {
+        if RECORD_HEADER + key.len() + vlen > MAX_ITEM {
             // An importer would refuse it (and a u32 could not say it).
-            self.error.get_or_insert(StoreError::TooLarge {
-                what: "a merged list in a snapshot",
-                len: vlen,
-                max: MAX_ITEM,
-            });
+            self.error.get_or_insert(too_large(vlen));
             return false;
         }
         let kg = keys::key_group(&key);
@@ -384,6 +389,14 @@ fn head_key(cursors: &[Cursor], i: usize) -> &[u8] {
     let c = &cursors[i];
     let b = c.block().expect("a head has a current record");
     b.view().key(c.rec)
+}
+
+fn too_large(len: usize) -> StoreError {
+    StoreError::TooLarge {
+        what: "a record (a joined list) in a snapshot",
+        len,
+        max: MAX_ITEM,
+    }
 }
 
 /// A put record of `key` whose value is `base` followed by the operands,
@@ -861,6 +874,11 @@ impl Import {
         table: &[StateDesc],
         resolve: &mut Resolve<'_>,
     ) -> Result<(), SnapshotError> {
+        // In snapshot-id order: states new to the importer get ascending
+        // ids in that order, so their keys share one file.
+        let mut table = table.to_vec();
+        table.sort_unstable_by_key(|d| d.id);
+        let table = &table[..];
         let locals = resolve(table).map_err(SnapshotError::Refused)?;
         if locals.len() != table.len() {
             return Err(SnapshotError::Refused(
@@ -887,6 +905,11 @@ impl Import {
                 .position(|ids| ids.last().is_some_and(|&l| l < local))
             {
                 Some(w) => w,
+                None if self.writer_states.len() >= MAX_IMPORT_FILES => {
+                    return Err(SnapshotError::Refused(format!(
+                        "the snapshot's states would need more than {MAX_IMPORT_FILES} files here (their ids are ordered too differently)"
+                    )));
+                }
                 None => {
                     self.writer_states.push(Vec::new());
                     self.writers.push(None);
