@@ -287,8 +287,23 @@ impl Export {
             return false;
         }
         let room = slot.slot_len().saturating_sub(self.enc.pos());
+        // A clip admits by key group and state only: a key with the first
+        // record's 6-byte prefix (both) is admitted like it.
+        let mut prefix = [0xffu8; keys::HEADER_LEN - 4];
+        if let Some(p) = first.key.get(..prefix.len()) {
+            prefix.copy_from_slice(p);
+        }
         let (len, j) = v.put_run(*at, span.len(), room, |k| {
-            keys::key_group(k) == kg && (!bounded || k < &self.bound[..]) && clip.admits(k)
+            (!bounded || k < &self.bound[..])
+                && if k.starts_with(&prefix) {
+                    true
+                } else {
+                    let same = keys::key_group(k) == kg && clip.admits(k);
+                    if same {
+                        prefix.copy_from_slice(&k[..keys::HEADER_LEN - 4]);
+                    }
+                    same
+                }
         });
         *at = j;
         self.heads.remove(0);
