@@ -330,3 +330,168 @@ fn real_full_tmpfs() {
         );
     }
 }
+
+/// An I/O layer whose armed write completes late (held until a later job
+/// writes with the same tag) while the write after it fails at once: a job
+/// abandoned on the failure still has a write in flight when its retry
+/// starts, and that write completes in the middle of the retry.
+struct LagIo {
+    inner: SyncIo,
+    /// Writes whose token carries this tag (the store's I/O tokens keep
+    /// their kind in the top byte; 4 is a compaction's write) are the
+    /// ones held and failed.
+    armed: Option<u64>,
+    hold_token: Option<u64>,
+    fail_next: bool,
+    held: Vec<(stator_store::io::IoCompletion, u32)>,
+    failed: Vec<stator_store::io::IoCompletion>,
+}
+
+impl stator_store::io::Io for LagIo {
+    fn open(
+        &mut self,
+        p: &Path,
+        m: stator_store::io::OpenMode,
+    ) -> std::io::Result<stator_store::io::FileId> {
+        self.inner.open(p, m)
+    }
+    fn is_direct(&self, f: stator_store::io::FileId) -> bool {
+        self.inner.is_direct(f)
+    }
+    fn file_len(&mut self, f: stator_store::io::FileId) -> std::io::Result<u64> {
+        self.inner.file_len(f)
+    }
+    fn close(&mut self, f: stator_store::io::FileId) {
+        self.inner.close(f)
+    }
+    fn read(
+        &mut self,
+        f: stator_store::io::FileId,
+        o: u64,
+        b: stator_store::aligned::AlignedBuf,
+        t: u64,
+    ) {
+        self.inner.read(f, o, b, t)
+    }
+    fn write(
+        &mut self,
+        f: stator_store::io::FileId,
+        o: u64,
+        b: stator_store::aligned::AlignedBuf,
+        t: u64,
+    ) {
+        let mine = self.armed.is_some_and(|tag| t >> 56 == tag);
+        if self.armed.is_none() && t >> 56 == 4 {
+            // A later compaction writes: the held completion arrives now.
+            for h in &mut self.held {
+                h.1 = 0;
+            }
+        }
+        if self.fail_next && mine {
+            self.fail_next = false;
+            self.armed = None;
+            self.failed.push(stator_store::io::IoCompletion {
+                token: t,
+                buf: Some(b),
+                result: Err(libc::EIO),
+            });
+            return;
+        }
+        if mine && !self.fail_next {
+            self.hold_token = Some(t);
+            self.fail_next = true;
+        }
+        self.inner.write(f, o, b, t)
+    }
+    fn fsync(&mut self, f: stator_store::io::FileId, t: u64) {
+        self.inner.fsync(f, t)
+    }
+    fn submit(&mut self) -> std::io::Result<()> {
+        self.inner.submit()
+    }
+    fn reap(&mut self, out: &mut Vec<stator_store::io::IoCompletion>) {
+        let start = out.len();
+        self.inner.reap(out);
+        let mut i = start;
+        while i < out.len() {
+            if Some(out[i].token) == self.hold_token {
+                self.hold_token = None;
+                let c = out.remove(i);
+                self.held.push((c, u32::MAX));
+            } else {
+                i += 1;
+            }
+        }
+        out.append(&mut self.failed);
+        for (c, n) in std::mem::take(&mut self.held) {
+            if n == 0 {
+                out.push(c);
+            } else {
+                self.held.push((c, n - 1));
+            }
+        }
+    }
+    fn wait(&mut self, t: Option<Duration>) -> std::io::Result<()> {
+        if !self.held.is_empty() || !self.failed.is_empty() {
+            return Ok(());
+        }
+        self.inner.wait(t)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.held.len() + self.failed.len()
+    }
+}
+
+/// A compaction abandoned on a failed write while an earlier write of it
+/// is still in flight: the late completion is not taken for the retry's
+/// (which would miscount its writes, or underflow), and nothing is lost.
+#[test]
+fn a_late_write_of_an_abandoned_compaction_does_not_confuse_its_retry() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = cfg(d.path());
+    c.compaction_trigger = 2;
+    let io = LagIo {
+        inner: SyncIo::new(true),
+        armed: None,
+        hold_token: None,
+        fail_next: false,
+        held: Vec::new(),
+        failed: Vec::new(),
+    };
+    let (mut s, _) = Store::open(c, io).unwrap();
+    let n = 12_000u32;
+    for i in 0..n {
+        run(&mut s, Op::Put(kr(&k(i)), &[i as u8; 256])).unwrap();
+        if i == n / 2 {
+            s.flush();
+            settle_fully(&mut s);
+        }
+    }
+    // The compaction after the second flush: its first write is held, its
+    // second fails.
+    s.io_mut().armed = Some(4);
+    s.flush();
+    settle_fully(&mut s);
+    assert!(
+        s.io().armed.is_none() && s.stats().last_background_error.is_some(),
+        "the fault fired: {:?}",
+        s.stats()
+    );
+    assert_eq!(
+        s.io().held.len(),
+        1,
+        "the abandoned job's write is still out"
+    );
+    // The retry runs while that write completes.
+    s.compact_all();
+    settle_fully(&mut s);
+    assert!(s.io().held.is_empty());
+    assert!(s.stats().compactions >= 1);
+    for i in (0..n).step_by(7) {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![i as u8; 256])),
+            "key {i}"
+        );
+    }
+}

@@ -69,18 +69,24 @@ impl<I: Io> Store<I> {
             let v = c.token & ((1 << TAG_SHIFT) - 1);
             match t {
                 TAG_FETCH => self.fetch_done(v as usize, c),
+                // A job's own completions only: an abandoned job's writes
+                // may still complete after a later job started.
                 TAG_FLUSH_WRITE => {
-                    if let Some(j) = self.flush.as_mut() {
+                    if let Some(j) = self.flush.as_mut().filter(|j| j.serial == v) {
                         j.writer.write_done(c.result, c.buf);
                     }
                 }
-                TAG_FLUSH_SYNC => self.flush_synced(c.result),
+                TAG_FLUSH_SYNC if self.flush.as_ref().is_some_and(|j| j.serial == v) => {
+                    self.flush_synced(c.result)
+                }
                 TAG_COMPACT_WRITE => {
-                    if let Some(j) = self.compact.as_mut() {
+                    if let Some(j) = self.compact.as_mut().filter(|j| j.serial == v) {
                         j.writer.write_done(c.result, c.buf);
                     }
                 }
-                TAG_COMPACT_SYNC => self.compact_synced(c.result),
+                TAG_COMPACT_SYNC if self.compact.as_ref().is_some_and(|j| j.serial == v) => {
+                    self.compact_synced(c.result)
+                }
                 TAG_COMPACT_READ => self.compact_read_done(v, c),
                 TAG_CKPT_WRITE | TAG_CKPT_SYNC | TAG_CKPT_DIR_SYNC => {
                     self.checkpoint_io_done(t, v as usize, c.result)

@@ -9,7 +9,8 @@ impl<I: Io> Store<I> {
         if full {
             // A requested major compaction: every segment into one.
             self.full_compaction_requested = false;
-            t = self.segments.len();
+            // (Input numbers fit 12 bits of a read token.)
+            t = self.segments.len().min(4095);
         } else if self.segments.len() < t {
             self.full_compaction_requested = false;
             return;
@@ -51,13 +52,15 @@ impl<I: Io> Store<I> {
             .map(|s| s.footer.min_order)
             .min()
             .expect("t >= 2");
+        self.job_serial = (self.job_serial + 1) & SERIAL_MASK;
+        let serial = self.job_serial;
         let writer = match SegmentWriter::create(
             &mut self.io,
             &self.cfg.dir,
             order,
             generation,
             min_order,
-            tag(TAG_COMPACT_WRITE, 0),
+            tag(TAG_COMPACT_WRITE, serial),
         ) {
             Ok(w) => w,
             Err(e) => return self.background_failed(e),
@@ -75,23 +78,29 @@ impl<I: Io> Store<I> {
             syncing: false,
             error: None,
             scratch: Vec::new(),
+            serial,
         });
     }
 
     pub(super) fn issue_compact_reads(&mut self) {
         let j = self.compact.as_mut().expect("compaction job");
+        let serial = j.serial;
         for (ci, c) in j.cursors.iter_mut().enumerate() {
             c.read_ahead(&mut self.io, |first| {
-                tag(TAG_COMPACT_READ, ((ci as u64) << 32) | first as u64)
+                tag(
+                    TAG_COMPACT_READ,
+                    (serial << 44) | ((ci as u64) << 32) | first as u64,
+                )
             });
         }
     }
 
     pub(super) fn compact_read_done(&mut self, v: u64, c: IoCompletion) {
-        let Some(j) = self.compact.as_mut() else {
+        let Some(j) = self.compact.as_mut().filter(|j| j.serial == v >> 44) else {
+            // An abandoned compaction's read.
             return;
         };
-        let (ci, first) = ((v >> 32) as usize, (v & 0xffff_ffff) as usize);
+        let (ci, first) = (((v >> 32) & 0xfff) as usize, (v & 0xffff_ffff) as usize);
         if let Err(e) = j.cursors[ci].read_done(first, c) {
             j.error.get_or_insert(e);
         }
@@ -202,7 +211,7 @@ impl<I: Io> Store<I> {
         let j = self.compact.as_mut().expect("compaction job");
         if let Err(e) = j
             .writer
-            .sync_if_written(&mut self.io, tag(TAG_COMPACT_SYNC, 0))
+            .sync_if_written(&mut self.io, tag(TAG_COMPACT_SYNC, j.serial))
         {
             self.abandon_compaction(e);
         }

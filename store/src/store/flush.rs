@@ -5,13 +5,15 @@ use super::*;
 impl<I: Io> Store<I> {
     pub(super) fn start_flush(&mut self) {
         let (order, mem) = self.frozen.last().expect("checked non-empty").clone();
+        self.job_serial = (self.job_serial + 1) & SERIAL_MASK;
+        let serial = self.job_serial;
         let writer = match SegmentWriter::create(
             &mut self.io,
             &self.cfg.dir,
             order,
             0,
             order,
-            tag(TAG_FLUSH_WRITE, 0),
+            tag(TAG_FLUSH_WRITE, serial),
         ) {
             Ok(w) => w,
             Err(e) => {
@@ -34,6 +36,7 @@ impl<I: Io> Store<I> {
             bottom,
             syncing: false,
             scratch: Vec::new(),
+            serial,
         });
     }
 
@@ -91,7 +94,7 @@ impl<I: Io> Store<I> {
         let j = self.flush.as_mut().expect("flush job");
         if let Err(e) = j
             .writer
-            .sync_if_written(&mut self.io, tag(TAG_FLUSH_SYNC, 0))
+            .sync_if_written(&mut self.io, tag(TAG_FLUSH_SYNC, j.serial))
         {
             self.abandon_flush(e);
         }

@@ -158,6 +158,9 @@ const TAG_EXPORT_READ: u64 = 12;
 const TAG_IMPORT_WRITE: u64 = 13;
 const TAG_IMPORT_SYNC: u64 = 14;
 
+/// Serial bits a job's tokens carry.
+const SERIAL_MASK: u64 = 0xfff;
+
 fn tag(t: u64, v: u64) -> u64 {
     (t << TAG_SHIFT) | v
 }
@@ -264,6 +267,9 @@ struct FlushJob {
     /// All records added; waiting for writes, then for the fsyncs.
     syncing: bool,
     scratch: Vec<u8>,
+    /// In its I/O tokens: completions of an abandoned job's writes (still
+    /// in flight when it was dropped) are not taken for a later job's.
+    serial: u64,
 }
 
 struct CompactJob {
@@ -276,6 +282,8 @@ struct CompactJob {
     syncing: bool,
     error: Option<StoreError>,
     scratch: Vec<u8>,
+    /// As `FlushJob::serial` (12 bits in read tokens).
+    serial: u64,
 }
 
 /// Blocks of read-ahead per compaction input.
@@ -314,6 +322,8 @@ pub struct Store<I: Io> {
     ckpt: checkpoint::Checkpoints,
     /// Portable exports and imports in progress (see `portable.rs`).
     exports: Slab<portable::Export>,
+    /// Serial of the next flush or compaction job.
+    job_serial: u64,
     imports: Slab<portable::Import>,
     next_import_file: u64,
     next_order: u64,
@@ -668,6 +678,7 @@ impl<I: Io> Store<I> {
             kg_deletes,
             ckpt,
             exports: Slab::new(),
+            job_serial: 0,
             imports: Slab::new(),
             next_import_file,
             next_order,
