@@ -44,7 +44,7 @@ const MAX_EXPORT_LAYERS: usize = 4095;
 /// 8 blocks per layer).
 const EXPORT_READ_BLOCKS: usize = 256;
 const EXPORT_READS: usize = 4;
-const EXPORT_WINDOW: usize = 16 << 20;
+const EXPORT_WINDOW: usize = 64 << 20;
 /// Bytes one `export_fill` writes at most: bounds the pause it costs the
 /// other work of the thread that calls it.
 const FILL_BUDGET: usize = 1 << 20;
