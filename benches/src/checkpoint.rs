@@ -221,7 +221,7 @@ fn portable(
     let mut aside = Duration::ZERO;
     let mut chunk_t = Instant::now();
     loop {
-        match s.export_fill(id, &mut slot).expect("export") {
+        match s.export_fill(id, &mut slot[..]).expect("export") {
             Fill::Chunk { len, last } => {
                 h.record(chunk_t.elapsed().as_nanos() as u64)
                     .expect("in range");
@@ -315,7 +315,7 @@ fn portable(
         kept.clear();
         kept_bytes = 0;
         loop {
-            match s.export_fill(id, &mut slot).expect("export") {
+            match s.export_fill(id, &mut slot[..]).expect("export") {
                 Fill::Chunk { len, last } => {
                     kept.push(slot[..len].to_vec());
                     kept_bytes += len;

@@ -645,6 +645,20 @@ impl Shard {
         let r = s
             .mem
             .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
+                // Runs the batch copied so far (the same borrows each time).
+                macro_rules! run_batch {
+                    () => {
+                        run_batch(
+                            store,
+                            ring,
+                            pending,
+                            sid,
+                            in_flight,
+                            stats,
+                            (items, tokens, scratch),
+                        )?
+                    };
+                }
                 let avail = ring.sq.available()?;
                 if avail == 0 {
                     return Ok(false);
@@ -674,8 +688,9 @@ impl Shard {
                         ring.view().prefetch(base + q.key.off as usize, false);
                     }
                     stats.requests += 1;
-                    let barrier = matches!(
-                        Opcode::from_u8(sqe.opcode),
+                    let op = Opcode::from_u8(sqe.opcode);
+                    if matches!(
+                        op,
                         Some(
                             Opcode::Checkpoint
                                 | Opcode::CheckpointNotify
@@ -683,24 +698,13 @@ impl Shard {
                                 | Opcode::SnapshotImport
                                 | Opcode::ChunkRelease
                         )
-                    );
-                    if barrier {
+                    ) {
                         // A barrier: every earlier request takes effect
                         // (or fixes its snapshot) first.
-                        run_batch(
-                            store,
-                            ring,
-                            pending,
-                            sid,
-                            in_flight,
-                            stats,
-                            (items, tokens, scratch),
-                        )?;
+                        run_batch!();
                         let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
-                        let c = if matches!(
-                            Opcode::from_u8(sqe.opcode),
-                            Some(Opcode::Checkpoint | Opcode::CheckpointNotify)
-                        ) {
+                        let c = if matches!(op, Some(Opcode::Checkpoint | Opcode::CheckpointNotify))
+                        {
                             checkpoint_op(store, ring, sqe, who, registry, pending, sid, in_flight)
                         } else {
                             let ctx = SnapshotCtx {
@@ -726,15 +730,7 @@ impl Shard {
                             if scratch.len() >= BATCH_BYTES {
                                 // Large values: run what is copied so far,
                                 // so one batch never holds more than this.
-                                run_batch(
-                                    store,
-                                    ring,
-                                    pending,
-                                    sid,
-                                    in_flight,
-                                    stats,
-                                    (items, tokens, scratch),
-                                )?;
+                                run_batch!();
                             }
                         }
                         Ok(None) => {
@@ -752,15 +748,7 @@ impl Shard {
                     // The client waits for room in its submission queue.
                     to_client.ring();
                 }
-                run_batch(
-                    store,
-                    ring,
-                    pending,
-                    sid,
-                    in_flight,
-                    stats,
-                    (items, tokens, scratch),
-                )?;
+                run_batch!();
                 if scratch.capacity() > 2 * BATCH_BYTES {
                     scratch.clear();
                     scratch.shrink_to(BATCH_BYTES);

@@ -59,15 +59,6 @@ impl ChunkSlot for [u8] {
     }
 }
 
-impl ChunkSlot for Vec<u8> {
-    fn slot_len(&self) -> usize {
-        self.len()
-    }
-    fn write_at(&mut self, off: usize, bytes: &[u8]) {
-        self[off..off + bytes.len()].copy_from_slice(bytes);
-    }
-}
-
 /// A state named in a snapshot: the id its records carry, its kind and
 /// its name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -490,10 +481,10 @@ mod tests {
         let emit =
             |e: &mut ChunkEncoder, buf: &mut Vec<u8>, mut bytes: &[u8], out: &mut Vec<Vec<u8>>| {
                 while !bytes.is_empty() {
-                    let n = e.put(buf, bytes);
+                    let n = e.put(&mut buf[..], bytes);
                     bytes = &bytes[n..];
                     if !bytes.is_empty() {
-                        let len = e.end(buf, false);
+                        let len = e.end(&mut buf[..], false);
                         out.push(buf[..len].to_vec());
                     }
                 }
@@ -515,7 +506,7 @@ mod tests {
             r.extend_from_slice(v);
             emit(&mut e, &mut buf, &r, &mut out);
         }
-        let len = e.end(&mut buf, true);
+        let len = e.end(&mut buf[..], true);
         out.push(buf[..len].to_vec());
         out
     }
@@ -622,6 +613,19 @@ mod tests {
         );
         // Well-checksummed but misframed streams: a repeated group, a record
         // of another group, keys out of order.
+        // A group header naming a key group over 65535, well checksummed.
+        let mut e = ChunkEncoder::new(6);
+        let mut buf = vec![0u8; 4096];
+        e.begin();
+        e.put(&mut buf[..], &encode_states(&[]));
+        let mut h = [GROUP, 0, 0, 0, 0, 0, 0, 0];
+        h[4..8].copy_from_slice(&70_000u32.to_le_bytes());
+        e.put(&mut buf[..], &h);
+        let n = e.end(&mut buf[..], true);
+        assert!(matches!(
+            decode(&[buf[..n].to_vec()], 0, u16::MAX),
+            Err(SnapshotError::Chunk { what, .. }) if what.contains("key group out of range")
+        ));
         for bad in [
             vec![(3u16, key(3, 1), vec![1]), (2, key(2, 1), vec![1])],
             vec![(3, key(4, 1), vec![1])],

@@ -178,12 +178,12 @@ fn snapshot_chunk_version_2_fixture_decodes_exactly() {
         let mut n = 0;
         let mut emit = |e: &mut ChunkEncoder, slot: &mut Vec<u8>, mut b: &[u8], last: bool| {
             loop {
-                let w = e.put(slot, b);
+                let w = e.put(&mut slot[..], b);
                 b = &b[w..];
                 if b.is_empty() && !last {
                     return;
                 }
-                let len = e.end(slot, b.is_empty() && last);
+                let len = e.end(&mut slot[..], b.is_empty() && last);
                 std::fs::write(dir.join(format!("chunk-{n:03}")), &slot[..len]).unwrap();
                 n += 1;
                 if b.is_empty() {

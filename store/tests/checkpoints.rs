@@ -578,6 +578,26 @@ proptest! {
     }
 }
 
+/// A checkpoint of owner 0's states in every key group.
+fn whole(id: u64) -> CheckpointSpec {
+    CheckpointSpec {
+        owner: OWNERS[0].to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: KGS - 1,
+        states: STATES[0].to_vec(),
+        meta: Vec::new(),
+    }
+}
+
+/// A restore of owner 0's states in every key group.
+const WHOLE: RestoreSpec<'static> = RestoreSpec {
+    owner: OWNERS[0],
+    lo: 0,
+    hi: KGS - 1,
+    states: &STATES[0],
+};
+
 /// A checkpoint whose taker is gone is discarded (unless it completed):
 /// its handle is refused afterwards and its pins are released.
 #[test]
@@ -586,29 +606,18 @@ fn discarded_checkpoints_are_gone_and_completed_ones_stay() {
     let mut s = open(dir.path(), true, || SyncIo::new(true));
     let k = (0usize, 1u16, 0u8);
     run(&mut s, Op::Put(kr(&k, 0), b"v")).unwrap();
-    let spec = |id| CheckpointSpec {
-        owner: OWNERS[0].to_vec(),
-        checkpoint_id: id,
-        lo: 0,
-        hi: KGS - 1,
-        states: STATES[0].to_vec(),
-        meta: Vec::new(),
-    };
-    let h1 = checkpoint(&mut s, spec(1)).unwrap();
-    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    let h1 = checkpoint(&mut s, whole(1)).unwrap();
+    let h2 = checkpoint(&mut s, whole(2)).unwrap();
     assert!(s.discard_checkpoint(&h1), "an uncompleted checkpoint goes");
     assert!(!s.discard_checkpoint(&h1), "only once");
     s.checkpoint_notify(OWNERS[0], 2, Notify::Complete);
     assert!(!s.discard_checkpoint(&h2), "a completed checkpoint stays");
     assert_eq!(s.stats().checkpoints_retained, 1);
-    let rs = RestoreSpec {
-        owner: OWNERS[0],
-        lo: 0,
-        hi: KGS - 1,
-        states: &STATES[0],
-    };
-    assert!(matches!(s.restore(rs, &[&h1]), Err(StoreError::Restore(_))));
-    s.restore(rs, &[&h2]).unwrap();
+    assert!(matches!(
+        s.restore(WHOLE, &[&h1]),
+        Err(StoreError::Restore(_))
+    ));
+    s.restore(WHOLE, &[&h2]).unwrap();
     assert_eq!(
         run(&mut s, Op::Get(kr(&k, 0))).unwrap(),
         Owned::Value(Some(b"v".to_vec()))
@@ -623,26 +632,12 @@ fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
     use stator_store::manifest::{Handle, file_name};
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path(), true, || SyncIo::new(true));
-    let spec = |id| CheckpointSpec {
-        owner: OWNERS[0].to_vec(),
-        checkpoint_id: id,
-        lo: 0,
-        hi: KGS - 1,
-        states: STATES[0].to_vec(),
-        meta: Vec::new(),
-    };
-    let rs = RestoreSpec {
-        owner: OWNERS[0],
-        lo: 0,
-        hi: KGS - 1,
-        states: &STATES[0],
-    };
     let (k1, k2) = ((0usize, 1u16, 0u8), (0usize, 2u16, 1u8));
     run(&mut s, Op::Put(kr(&k1, 0), b"one")).unwrap();
-    let h1 = checkpoint(&mut s, spec(1)).unwrap();
+    let h1 = checkpoint(&mut s, whole(1)).unwrap();
     run(&mut s, Op::Put(kr(&k2, 0), b"two")).unwrap();
-    let h2 = checkpoint(&mut s, spec(2)).unwrap();
-    let h3 = checkpoint(&mut s, spec(3)).unwrap();
+    let h2 = checkpoint(&mut s, whole(2)).unwrap();
+    let h3 = checkpoint(&mut s, whole(3)).unwrap();
     drop(s);
     let path = |h: &[u8]| dir.path().join(file_name(Handle::decode(h).unwrap().seq));
     // Torn (cut short) and corrupted (one flipped bit in the body).
@@ -665,7 +660,7 @@ fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
             .all(|(p, why)| { p.to_string_lossy().ends_with(".manifest.torn") && !why.is_empty() })
     );
     for h in [&h1, &h2] {
-        match s.restore(rs, &[h]) {
+        match s.restore(WHOLE, &[h]) {
             Err(StoreError::Restore(m)) => assert!(m.contains("no checkpoint manifest"), "{m}"),
             other => panic!("a torn checkpoint restored: {other:?}"),
         }
@@ -685,7 +680,7 @@ fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
     let mut b = std::fs::read(path(&h3)).unwrap();
     b[70] ^= 0x01;
     std::fs::write(path(&h3), &b).unwrap();
-    let r = s.restore(rs, &[&h3]);
+    let r = s.restore(WHOLE, &[&h3]);
     assert!(
         matches!(&r, Err(StoreError::Corrupt { what, .. }) if what.contains("checksum")),
         "{r:?}"

@@ -125,7 +125,7 @@ pub fn export_chunks<I: Io>(
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        match s.export_fill(id, &mut slot)? {
+        match s.export_fill(id, &mut slot[..])? {
             Fill::Chunk { len, last } => {
                 out.push(slot[..len].to_vec());
                 if last {
