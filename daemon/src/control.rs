@@ -312,6 +312,7 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
             status::DENIED,
             format!("uid {uid} is not allowed (allowed_uids)"),
         );
+        linger(s);
         return;
     }
     let mut session: Option<Open> = None;
@@ -428,6 +429,23 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
     }
     if let Some(o) = session.take() {
         close(ctx, &o);
+    }
+    linger(s);
+}
+
+/// Closes a connection the daemon ends, after its last answer: the write
+/// side first, then what the client sent and nobody read is drained (for
+/// at most 100 ms). Closing a Unix socket with unread data resets the
+/// peer, which may then lose the answer (a refusal's reason) unread.
+fn linger(mut s: UnixStream) {
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut sink = [0u8; 4096];
+    for _ in 0..64 {
+        match s.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => return,
+        }
     }
 }
 
