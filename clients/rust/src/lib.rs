@@ -19,7 +19,8 @@ mod session;
 
 pub use asyncs::AsyncSession;
 pub use session::{
-    Completion, IterMode, Kind, Notify, OpenOptions, Request, Restored, Session, ValueWriter,
+    Completion, IterMode, Kind, Notify, OpenOptions, Request, Reservation, Restored, Session,
+    ValueWriter,
 };
 pub use stator_ring::keygroup;
 pub use stator_ring::{Opcode, Status};

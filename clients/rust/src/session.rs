@@ -5,7 +5,7 @@
 //! for futures see [`crate::AsyncSession`].
 
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -319,6 +319,8 @@ struct InFlight {
     token: u64,
     input: Option<ArenaBuf>,
     output: Option<ArenaBuf>,
+    /// A reserved value buffer the request took over.
+    value: Option<ArenaBuf>,
     /// The chunk slot the request holds.
     slot: Option<u32>,
 }
@@ -341,6 +343,30 @@ pub struct Session {
     /// Chunk slots handed to the daemon (a `ChunkRelease` or
     /// `SnapshotImport` not completed yet): the client must not touch them.
     held: Vec<bool>,
+    /// Value buffers reserved by the caller and not submitted yet.
+    reserved: Slab<ArenaBuf>,
+}
+
+/// A value buffer reserved in the session's shared arena: the caller
+/// writes the value straight into it ([`Session::reservation_ptr`]) and
+/// submits it with [`Session::submit_reserved`] (or gives it back with
+/// [`Session::release_reserved`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Names the buffer in later calls.
+    pub id: u32,
+    /// Bytes the caller may write.
+    pub cap: u32,
+}
+
+/// Where a submitted request's value comes from.
+enum ValueSrc<F> {
+    /// `Request::value`, copied in.
+    Slice,
+    /// Written by the caller's closure, at most this many bytes.
+    Writer(u32, F),
+    /// A reservation the caller filled, with the bytes it wrote.
+    Reserved(u32, u32),
 }
 
 fn io_err(e: impl std::fmt::Display) -> Error {
@@ -439,6 +465,7 @@ impl Session {
             frame,
             scratch: Vec::new(),
             held: vec![false; chunk_slots as usize],
+            reserved: Slab::new(),
         })
     }
 
@@ -455,6 +482,15 @@ impl Session {
     /// Requests submitted and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.inflight.len()
+    }
+
+    /// Completions ready to poll now.
+    pub fn ready(&mut self) -> Result<usize, Error> {
+        self.alive()?;
+        match self.mem.with_dependent_mut(|_, ring| ring.cq.available()) {
+            Ok(n) => Ok(n as usize),
+            Err(e) => Err(self.kill(format!("the completion queue is inconsistent: {e}"))),
+        }
     }
 
     /// Registers (or finds) a state; returns its id in this session.
@@ -532,6 +568,20 @@ impl Session {
         // tracks that and refuses such slots, and the slice borrows `self`,
         // so no submit can hand the slot over while it lives.
         unsafe { self.mem.borrow_owner().view().slice(off, len) }.map_err(io_err)
+    }
+
+    /// Where chunk slot `slot` (4 MiB) lies in this process, for reading an
+    /// exported chunk or writing a chunk to import in place. Refused for a
+    /// slot handed to the daemon. The pointer stays valid while the session
+    /// lives; the slot's bytes are the caller's until it submits a request
+    /// that hands the slot over.
+    pub fn chunk_slot_ptr(&self, slot: u32) -> Result<std::ptr::NonNull<u8>, Error> {
+        let off = self.slot_off(slot, CHUNK_SLOT_LEN)?;
+        self.mem
+            .borrow_owner()
+            .view()
+            .raw_range(off, CHUNK_SLOT_LEN)
+            .map_err(io_err)
     }
 
     /// Copies a chunk into slot `slot` (for [`Request::snapshot_import`]).
@@ -615,6 +665,25 @@ impl Session {
         import_id: u64,
         chunks: impl IntoIterator<Item = C>,
     ) -> Result<u64, Error> {
+        let mut chunks = chunks.into_iter();
+        self.import_snapshot_with(import_id, |s, slot| match chunks.next() {
+            Some(c) => s.write_chunk(slot, c.as_ref()).map(|()| true),
+            None => Ok(false),
+        })
+    }
+
+    /// Imports a snapshot as import `import_id`, keeping every slot busy:
+    /// `fill(session, slot)` puts the next chunk into chunk slot `slot`
+    /// (with [`Session::write_chunk`], or in place through
+    /// [`Session::chunk_slot_ptr`]) and returns `true`, or returns `false`
+    /// when there are no more chunks. An error from `fill` cancels the
+    /// import and is returned. Needs no other request in flight. Returns
+    /// the records installed.
+    pub fn import_snapshot_with(
+        &mut self,
+        import_id: u64,
+        mut fill: impl FnMut(&mut Session, u32) -> Result<bool, Error>,
+    ) -> Result<u64, Error> {
         if self.in_flight() > 0 || self.chunk_slots() == 0 {
             return Err(Error::Protocol(
                 "import_snapshot needs an idle session with chunk slots".into(),
@@ -622,16 +691,23 @@ impl Session {
         }
         let mut records = None;
         let mut failed: Option<Error> = None;
+        let mut ended = false;
         let mut free: Vec<u32> = (0..self.chunk_slots()).rev().collect();
-        let mut chunks = chunks.into_iter().peekable();
         loop {
             while failed.is_none()
-                && let (Some(slot), Some(_)) = (free.last().copied(), chunks.peek())
+                && !ended
+                && let Some(slot) = free.last().copied()
             {
-                let c = chunks.next().expect("peeked");
-                if let Err(e) = self.write_chunk(slot, c.as_ref()) {
-                    failed = Some(e);
-                    break;
+                match fill(self, slot) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        ended = true;
+                        break;
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
                 }
                 self.submit(&Request::snapshot_import(import_id, slot), slot as u64)?;
                 free.pop();
@@ -701,7 +777,7 @@ impl Session {
         self.submit_inner(
             r,
             token,
-            None::<(u32, fn(&mut ValueWriter<'_>) -> std::io::Result<()>)>,
+            ValueSrc::<fn(&mut ValueWriter<'_>) -> std::io::Result<()>>::Slice,
         )
     }
 
@@ -720,17 +796,81 @@ impl Session {
         if !r.op.fields().value_in {
             return Err(Error::Protocol(format!("{:?} takes no value", r.op)));
         }
-        self.submit_inner(r, token, Some((max_len, fill)))
+        self.submit_inner(r, token, ValueSrc::Writer(max_len, fill))
+    }
+
+    /// Reserves a value buffer of `cap` bytes in shared memory, for a value
+    /// the caller writes in place (through [`Session::reservation_ptr`])
+    /// and then submits with [`Session::submit_reserved`]. `Err(Full)` when
+    /// the arena has no room: poll completions, then retry.
+    pub fn reserve_value(&mut self, cap: u32) -> Result<Reservation, Error> {
+        self.alive()?;
+        let b = self.alloc.alloc(cap.max(1)).ok_or(Error::Full)?;
+        let id = self.reserved.insert(b);
+        Ok(Reservation {
+            id: id as u32,
+            cap: b.cap,
+        })
+    }
+
+    /// Where reservation `id` lies in this process (valid until it is
+    /// submitted, released or the session is dropped); `None` for an id
+    /// not reserved. Writing through the pointer is the caller's business:
+    /// nothing else touches the buffer until it is submitted.
+    pub fn reservation_ptr(&self, id: u32) -> Option<std::ptr::NonNull<u8>> {
+        let b = self.reserved.get(id as usize)?;
+        self.mem
+            .borrow_dependent()
+            .arena()
+            .raw_range(b.off as usize, b.cap as usize)
+            .ok()
+    }
+
+    /// Queues a write whose value is the first `len` bytes of reservation
+    /// `id`, with no copy. The request owns the buffer from here on. On an
+    /// error (say `Full`) the reservation stays the caller's.
+    pub fn submit_reserved(
+        &mut self,
+        r: &Request<'_>,
+        token: u64,
+        id: u32,
+        len: u32,
+    ) -> Result<(), Error> {
+        if !r.op.fields().value_in {
+            return Err(Error::Protocol(format!("{:?} takes no value", r.op)));
+        }
+        match self.reserved.get(id as usize) {
+            None => return Err(Error::Protocol(format!("no value buffer {id} is reserved"))),
+            Some(b) if len > b.cap => {
+                return Err(Error::Protocol(format!(
+                    "{len} bytes exceed the {} reserved",
+                    b.cap
+                )));
+            }
+            Some(_) => {}
+        }
+        self.submit_inner(
+            r,
+            token,
+            ValueSrc::<fn(&mut ValueWriter<'_>) -> std::io::Result<()>>::Reserved(id, len),
+        )
+    }
+
+    /// Gives reservation `id` back unused.
+    pub fn release_reserved(&mut self, id: u32) -> Result<(), Error> {
+        let b = self
+            .reserved
+            .try_remove(id as usize)
+            .ok_or_else(|| Error::Protocol(format!("no value buffer {id} is reserved")))?;
+        self.alloc.free(b);
+        Ok(())
     }
 
     fn submit_inner(
         &mut self,
         r: &Request<'_>,
         token: u64,
-        writer: Option<(
-            u32,
-            impl FnOnce(&mut ValueWriter<'_>) -> std::io::Result<()>,
-        )>,
+        src: ValueSrc<impl FnOnce(&mut ValueWriter<'_>) -> std::io::Result<()>>,
     ) -> Result<(), Error> {
         self.alive()?;
         let slot = match r.op {
@@ -746,15 +886,19 @@ impl Session {
             )));
         }
         let fields = r.op.fields();
-        let value_len = match &writer {
-            Some((n, _)) => *n as usize,
-            None if fields.value_in => r.value.len(),
-            None => 0,
+        let value_len = match &src {
+            ValueSrc::Writer(n, _) => *n as usize,
+            ValueSrc::Slice if fields.value_in => r.value.len(),
+            ValueSrc::Slice | ValueSrc::Reserved(..) => 0,
         };
         let in_len = r.key.len() + r.namespace.len() + r.user_key.len() + value_len;
         if in_len > u32::MAX as usize {
             return Err(Error::TooLarge);
         }
+        let value = match src {
+            ValueSrc::Reserved(id, _) => Some(id),
+            _ => None,
+        };
         let ring = self.mem.borrow_dependent();
         let arena = ring.arena();
         let input = if in_len > 0 {
@@ -789,6 +933,11 @@ impl Session {
             arg2: r.arg2,
             ..Sqe::default()
         };
+        if let ValueSrc::Reserved(id, len) = src
+            && len > 0
+        {
+            sqe.value = BufRef::new(self.reserved[id as usize].off, len);
+        }
         if let Some(b) = input {
             let mut at = b.off;
             let mut put = |bytes: &[u8]| -> BufRef {
@@ -805,8 +954,8 @@ impl Session {
             sqe.key = put(r.key);
             sqe.namespace = put(r.namespace);
             sqe.user_key = put(r.user_key);
-            match writer {
-                Some((max, fill)) => {
+            match src {
+                ValueSrc::Writer(max, fill) => {
                     let mut w = ValueWriter {
                         arena: &arena,
                         off: at as usize,
@@ -823,8 +972,8 @@ impl Session {
                         sqe.value = BufRef::new(at, w.pos as u32);
                     }
                 }
-                None if fields.value_in => sqe.value = put(r.value),
-                None => {}
+                ValueSrc::Slice if fields.value_in => sqe.value = put(r.value),
+                ValueSrc::Slice | ValueSrc::Reserved(..) => {}
             }
         }
         if let Some(b) = output {
@@ -844,10 +993,12 @@ impl Session {
         if let Some(sl) = slot {
             self.held[sl as usize] = true;
         }
+        let value = value.map(|id| self.reserved.remove(id as usize));
         self.inflight.insert(InFlight {
             token,
             input,
             output,
+            value,
             slot,
         });
         Ok(())
@@ -869,10 +1020,20 @@ impl Session {
     }
 
     /// Delivers every completion ready now to `f`; returns how many.
-    pub fn poll(&mut self, mut f: impl FnMut(Completion<'_>)) -> Result<usize, Error> {
+    pub fn poll(&mut self, f: impl FnMut(Completion<'_>)) -> Result<usize, Error> {
+        self.poll_n(usize::MAX, f)
+    }
+
+    /// Delivers at most `max` of the completions ready now to `f`; returns
+    /// how many.
+    pub fn poll_n(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Completion<'_>),
+    ) -> Result<usize, Error> {
         self.alive()?;
         let mut n = 0;
-        loop {
+        while n < max {
             let c: Option<Cqe> = match self.mem.with_dependent_mut(|_, ring| ring.cq.pop()) {
                 Ok(c) => c,
                 Err(e) => {
@@ -915,7 +1076,7 @@ impl Session {
             if let Some(sl) = inf.slot {
                 self.held[sl as usize] = false;
             }
-            for b in [inf.input, inf.output].into_iter().flatten() {
+            for b in [inf.input, inf.output, inf.value].into_iter().flatten() {
                 self.alloc.free(b);
             }
             n += 1;
@@ -998,9 +1159,12 @@ impl Session {
         if sock {
             // The daemon never speaks unasked: readable means closed.
             let mut b = [0u8; 1];
-            self.sock.set_nonblocking(true).map_err(io_err)?;
-            let r = self.sock.read(&mut b);
-            let _ = self.sock.set_nonblocking(false);
+            let r = nix::sys::socket::recv(
+                self.sock.as_raw_fd(),
+                &mut b,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            )
+            .map_err(std::io::Error::from);
             match r {
                 Ok(0) => {
                     return Err(
@@ -1013,6 +1177,36 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// For the caller's own event loop: the fds whose readability means
+    /// "call [`Session::disarm`], then poll": the client's doorbell, and
+    /// the control socket (readable when the daemon closes it). Watch both
+    /// (level-triggered), after [`Session::arm`].
+    pub fn event_fds(&self) -> [std::os::fd::BorrowedFd<'_>; 2] {
+        [self.to_client.fd(), self.sock.as_fd()]
+    }
+
+    /// Asks the daemon to ring the doorbell at the next completion (call it
+    /// before sleeping on [`Session::event_fds`]). `Ok(true)`: completions
+    /// are ready already; do not sleep.
+    pub fn arm(&mut self) -> Result<bool, Error> {
+        self.alive()?;
+        self.prepare_sleep()
+    }
+
+    /// Ends a sleep begun with [`Session::arm`] (whether or not an fd
+    /// woke it): clears the request, drains the doorbell, and notices a
+    /// daemon that closed the session ([`Error::DaemonGone`]).
+    pub fn disarm(&mut self) -> Result<(), Error> {
+        self.alive()?;
+        self.after_sleep(true, true)
+    }
+
+    /// Whether chunk slot `slot` is handed to the daemon now (`None`: no
+    /// such slot).
+    pub fn slot_held(&self, slot: u32) -> Option<bool> {
+        self.held.get(slot as usize).copied()
     }
 
     /// Duplicates of the fds a sleeper polls: the client's doorbell and the
