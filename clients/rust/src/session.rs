@@ -805,6 +805,9 @@ impl Session {
     /// the arena has no room: poll completions, then retry.
     pub fn reserve_value(&mut self, cap: u32) -> Result<Reservation, Error> {
         self.alive()?;
+        if cap as usize > self.mem.borrow_dependent().layout().arena.len {
+            return Err(Error::TooLarge);
+        }
         let b = self.alloc.alloc(cap.max(1)).ok_or(Error::Full)?;
         let id = self.reserved.insert(b);
         Ok(Reservation {
@@ -892,7 +895,14 @@ impl Session {
             ValueSrc::Slice | ValueSrc::Reserved(..) => 0,
         };
         let in_len = r.key.len() + r.namespace.len() + r.user_key.len() + value_len;
-        if in_len > u32::MAX as usize {
+        // What can never fit is not `Full` (which asks the caller to retry).
+        let out_len = match (fields.output, r.capacity) {
+            (false, _) => 0,
+            (true, 0) => self.read_capacity as usize,
+            (true, c) => c as usize,
+        };
+        let arena_len = self.mem.borrow_dependent().layout().arena.len;
+        if in_len > u32::MAX as usize || in_len + out_len > arena_len {
             return Err(Error::TooLarge);
         }
         let value = match src {
@@ -907,12 +917,7 @@ impl Session {
             None
         };
         let output = if fields.output {
-            let cap = if r.capacity > 0 {
-                r.capacity
-            } else {
-                self.read_capacity
-            };
-            match self.alloc.alloc(cap) {
+            match self.alloc.alloc(out_len as u32) {
                 Some(b) => Some(b),
                 None => {
                     if let Some(b) = input {
