@@ -5,6 +5,7 @@
 //! where latency applies). Figures and the commands that produced them are
 //! recorded in `benches/RESULTS.md`.
 
+mod c_abi;
 mod checkpoint;
 mod report;
 mod ring;

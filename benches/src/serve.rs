@@ -19,6 +19,7 @@ use stator_client::{Kind, OpenOptions, Session, Status, ValueState};
 use stator_store::io::UringIo;
 use stator_store::{Op, Store};
 
+use crate::c_abi::{CSession, Submitted};
 use crate::report::{Bound, Case, Reporter, histogram};
 use crate::store::{Rng, batched_gets, map_peer, single_gets, skey, value};
 
@@ -57,6 +58,10 @@ pub struct ServeArgs {
     /// Skip the in-process peers.
     #[arg(long)]
     no_peers: bool,
+    /// Skip the C ABI client (each sweep point runs the Rust client, then
+    /// the same workload through libstator's C functions).
+    #[arg(long)]
+    no_c_abi: bool,
     /// Where the SVG of the sweep goes.
     #[arg(long, default_value = "benches/results")]
     plot_dir: PathBuf,
@@ -201,6 +206,16 @@ struct Run {
     errors: u64,
 }
 
+impl Run {
+    /// Adds another run of the same point (ops and time add up).
+    fn merge(&mut self, o: Run) {
+        self.ops += o.ops;
+        self.elapsed += o.elapsed;
+        self.hist.add(&o.hist).expect("same bounds");
+        self.errors += o.errors;
+    }
+}
+
 /// One point of a closed-loop run: `depth` requests in flight for `dur`;
 /// of random loaded keys, `put_percent` of them puts of `value`, the rest
 /// gets.
@@ -212,7 +227,119 @@ struct Point<'a> {
     seed: u64,
 }
 
-fn closed_loop(s: &mut Session, st: ValueState, keys: &[u64], p: Point<'_>) -> Run {
+/// A client the closed loop drives: the Rust client, or the C ABI.
+trait Client {
+    /// Queues a get of `key`, or a put of `value`; `false` when full.
+    fn submit(&mut self, kg: u16, key: &[u8], value: Option<&[u8]>, token: u64) -> bool;
+    fn flush(&mut self);
+    /// Hands each ready completion's token and success to `f`; how many.
+    fn poll(&mut self, f: impl FnMut(u64, bool)) -> usize;
+    fn wait(&mut self);
+}
+
+impl Client for (&mut Session, ValueState) {
+    fn submit(&mut self, kg: u16, key: &[u8], value: Option<&[u8]>, token: u64) -> bool {
+        let r = match value {
+            Some(v) => self.1.put(kg, key, v),
+            None => self.1.get(kg, key),
+        };
+        match self.0.submit(&r, token) {
+            Ok(()) => true,
+            Err(stator_client::Error::Full) => false,
+            Err(e) => panic!("submit: {e}"),
+        }
+    }
+    fn flush(&mut self) {
+        self.0.flush().expect("flush");
+    }
+    fn poll(&mut self, mut f: impl FnMut(u64, bool)) -> usize {
+        self.0
+            .poll(|c| f(c.token, c.status == Ok(Status::Ok)))
+            .expect("poll")
+    }
+    fn wait(&mut self) {
+        self.0.wait(Some(Duration::from_millis(10))).expect("wait");
+    }
+}
+
+/// The C ABI client with its state id and a completion batch.
+struct CClient<'a> {
+    s: &'a mut CSession,
+    st: u32,
+    batch: Vec<stator::stator_completion>,
+}
+
+// SAFETY: the session moves with its one user (see CSession); the batch's
+// value pointers are plain data, read only by the thread that reaped them.
+unsafe impl Send for CClient<'_> {}
+
+impl Client for CClient<'_> {
+    fn submit(&mut self, kg: u16, key: &[u8], value: Option<&[u8]>, token: u64) -> bool {
+        matches!(self.s.submit(self.st, kg, key, value, token), Submitted::Ok)
+    }
+    fn flush(&mut self) {
+        self.s.flush();
+    }
+    fn poll(&mut self, mut f: impl FnMut(u64, bool)) -> usize {
+        let mut n = 0;
+        loop {
+            let got = self.s.reap(&mut self.batch);
+            for c in got {
+                f(c.user_data, c.status == stator::STATOR_OK);
+            }
+            n += got.len();
+            if got.len() < self.batch.len() {
+                return n;
+            }
+        }
+    }
+    fn wait(&mut self) {
+        self.s.wait(10);
+    }
+}
+
+/// Runs `point(i)` on every client at once (a thread each, pinned like
+/// the load), client `i` over `keys[i]`; the runs merged.
+fn on_every_session<'v, C: Client + Send>(
+    clients: &mut [C],
+    keys: &[&[u64]],
+    point: impl Fn(usize) -> Point<'v> + Sync,
+) -> Run {
+    let runs: Vec<Run> = std::thread::scope(|sc| {
+        let hs: Vec<_> = clients
+            .iter_mut()
+            .enumerate()
+            .map(|(i, c)| {
+                let (mine, p) = (keys[i], point(i));
+                sc.spawn(move || {
+                    if cores() >= 2 {
+                        pin(0);
+                    }
+                    closed_loop(c, mine, p)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
+    });
+    let mut hist = histogram();
+    let (mut ops, mut errors, mut elapsed) = (0, 0, Duration::ZERO);
+    for x in runs {
+        hist.add(&x.hist).expect("same bounds");
+        ops += x.ops;
+        errors += x.errors;
+        elapsed = elapsed.max(x.elapsed);
+    }
+    Run {
+        ops,
+        elapsed,
+        hist,
+        errors,
+    }
+}
+
+fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
     let Point {
         depth,
         dur,
@@ -231,46 +358,36 @@ fn closed_loop(s: &mut Session, st: ValueState, keys: &[u64], p: Point<'_>) -> R
         while started.len() < depth {
             let i = keys[rng.below(keys.len() as u64) as usize];
             let (k, kg) = key(i);
-            let r = if put_percent > 0 && rng.below(100) < put_percent {
-                st.put(kg, &k, v)
-            } else {
-                st.get(kg, &k)
-            };
+            let put = put_percent > 0 && rng.below(100) < put_percent;
             let slot = started.vacant_key();
-            match s.submit(&r, slot as u64) {
-                Ok(()) => {
-                    started.insert(Instant::now());
-                }
-                Err(stator_client::Error::Full) => break,
-                Err(e) => panic!("submit: {e}"),
+            if !c.submit(kg, &k, put.then_some(v), slot as u64) {
+                break;
             }
+            started.insert(Instant::now());
         }
-        s.flush().expect("flush");
-        let got = s
-            .poll(|c| {
-                let t0 = started.remove(c.token as usize);
-                hist.record(t0.elapsed().as_nanos().max(1) as u64)
-                    .expect("in range");
-                if c.status != Ok(Status::Ok) {
-                    errors += 1;
-                }
-            })
-            .expect("poll");
+        c.flush();
+        let got = c.poll(|token, ok| {
+            let t0 = started.remove(token as usize);
+            hist.record(t0.elapsed().as_nanos().max(1) as u64)
+                .expect("in range");
+            if !ok {
+                errors += 1;
+            }
+        });
         ops += got as u64;
         if got == 0 {
-            s.wait(Some(Duration::from_millis(10))).expect("wait");
+            c.wait();
         }
         now = Instant::now();
     }
     let elapsed = t.elapsed();
     // Drain what is in flight (not counted).
     while !started.is_empty() {
-        s.poll(|c| {
-            started.remove(c.token as usize);
-        })
-        .expect("poll");
+        c.poll(|token, _| {
+            started.remove(token as usize);
+        });
         if !started.is_empty() {
-            s.wait(Some(Duration::from_millis(10))).expect("wait");
+            c.wait();
         }
     }
     Run {
@@ -369,59 +486,90 @@ pub fn run(a: ServeArgs) {
     let idle = (d.cpu_seconds() - c0) / t0.elapsed().as_secs_f64() * 100.0;
     r.note(SUITE, "daemon_idle_cpu_percent", idle, Bound::AtMost(1.0));
 
-    // The in-flight sweep of random gets.
+    // The in-flight sweep of random gets: at each depth the Rust client,
+    // then the same sessions' subtasks through the C ABI (a second
+    // session of each subtask, on the same data), back to back.
+    let mut cabi: Vec<(CSession, u32)> = if a.no_c_abi {
+        Vec::new()
+    } else {
+        (0..sessions)
+            .map(|i| CSession::open(&d.socket, "bench", "serve", i, sessions))
+            .collect()
+    };
     let mut sweep = Vec::new();
     let put_percent = a.put_percent.min(100);
     for &depth in &depths {
         let per = depth.div_ceil(sessions as usize).max(1);
-        let runs: Vec<Run> = std::thread::scope(|sc| {
-            let hs: Vec<_> = conns
-                .iter_mut()
-                .enumerate()
-                .map(|(i, (s, st, mine))| {
-                    let st = *st;
-                    let mine = &*mine;
-                    let v = &vals[7];
-                    sc.spawn(move || {
-                        if cores() >= 2 {
-                            pin(0);
-                        }
-                        let p = Point {
-                            depth: per,
-                            dur,
-                            put_percent,
-                            value: v,
-                            seed: 1000 + depth as u64 + i as u64,
-                        };
-                        closed_loop(s, st, mine, p)
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("client thread"))
-                .collect()
+        // With the C ABI, each client runs two halves in the order Rust,
+        // C, C, Rust, so that drift over the point favours neither.
+        let halves = if cabi.is_empty() { 1 } else { 2 };
+        let v: &[u8] = &vals[7];
+        let point = |round: u64| {
+            move |i: usize| Point {
+                depth: per,
+                dur: dur / halves,
+                put_percent,
+                value: v,
+                seed: 1000 + depth as u64 + i as u64 + 7919 * round,
+            }
+        };
+        let (mut rust, keys): (Vec<(&mut Session, ValueState)>, Vec<&[u64]>) = conns
+            .iter_mut()
+            .map(|(s, st, mine)| ((s, *st), &mine[..]))
+            .unzip();
+        let mut cc: Vec<CClient<'_>> = cabi
+            .iter_mut()
+            .map(|(s, st)| CClient {
+                s,
+                st: *st,
+                batch: vec![crate::c_abi::completion(); 1024],
+            })
+            .collect();
+        let mut x = on_every_session(&mut rust, &keys, point(0));
+        let y = (!cc.is_empty()).then(|| {
+            let mut y = on_every_session(&mut cc, &keys, point(0));
+            y.merge(on_every_session(&mut cc, &keys, point(1)));
+            x.merge(on_every_session(&mut rust, &keys, point(1)));
+            y
         });
-        let mut hist = histogram();
-        let (mut ops, mut errors, mut el) = (0, 0, Duration::ZERO);
-        for x in runs {
-            hist.add(&x.hist).expect("same bounds");
-            ops += x.ops;
-            errors += x.errors;
-            el = el.max(x.elapsed);
-        }
-        assert_eq!(errors, 0, "gets failed at depth {depth}");
+        assert_eq!(x.errors, 0, "gets failed at depth {depth}");
         let name = if put_percent > 0 {
             format!("get_put{put_percent}_depth{depth}_daemon")
         } else {
             format!("get_depth{depth}_daemon")
         };
-        let c = Case::new(SUITE, name, ops, el)
-            .latency(hist)
+        let c = Case::new(SUITE, name, x.ops, x.elapsed)
+            .latency(x.hist)
             .with("in_flight", depth)
-            .with("sessions", sessions);
+            .with("sessions", sessions)
+            .with("client", "rust");
         r.case(&c);
+        if let Some(y) = y {
+            assert_eq!(
+                y.errors, 0,
+                "gets through the C ABI failed at depth {depth}"
+            );
+            let ratio = y.ops as f64 / y.elapsed.as_secs_f64() / c.ops_per_sec;
+            let cname = c.case.replace("_daemon", "_c_abi");
+            r.case(
+                &Case::new(SUITE, cname, y.ops, y.elapsed)
+                    .latency(y.hist)
+                    .with("in_flight", depth)
+                    .with("sessions", sessions)
+                    .with("client", "c")
+                    .with("vs_rust", (ratio * 1000.0).round() / 1000.0),
+            );
+            // The ABI's cost: at most 10% of the Rust client's rate.
+            r.note(
+                SUITE,
+                &format!("c_abi_vs_rust_depth{depth}"),
+                ratio,
+                Bound::AtLeast(0.9),
+            );
+        }
         sweep.push(c);
     }
+    drop(cabi);
 
     // A 50/50 get/put mix at depth 256 on the first session.
     {
@@ -433,7 +581,7 @@ pub fn run(a: ServeArgs) {
             value: &vals[9],
             seed: 77,
         };
-        let x = closed_loop(s, *st, mine, p);
+        let x = closed_loop(&mut (s, *st), mine, p);
         assert_eq!(x.errors, 0);
         r.case(
             &Case::new(SUITE, "get_put_50_50_depth256_daemon", x.ops, x.elapsed).latency(x.hist),

@@ -195,8 +195,6 @@ pub(crate) struct Inner {
     session: Option<Session>,
     /// A call panicked half-way: the session refuses further calls.
     poisoned: bool,
-    /// The result values of the last reap.
-    batch: Vec<u8>,
     /// The fd of `stator_event_fd`, made on first use.
     epoll: Option<Epoll>,
     /// `stator_arm` asked for a doorbell; the next reap or wait disarms.
@@ -404,7 +402,6 @@ pub unsafe extern "C" fn stator_open(
             inner: UnsafeCell::new(Inner {
                 session: Some(s),
                 poisoned: false,
-                batch: Vec::new(),
                 epoll: None,
                 armed: false,
             }),
@@ -432,7 +429,6 @@ pub unsafe extern "C" fn stator_close(session: *mut stator_session) -> i32 {
             .ok_or_else(|| Fail::new(STATOR_E_CLOSED, "the session is closed already"))?;
         i.epoll = None;
         i.armed = false;
-        i.batch = Vec::new();
         s.close()?;
         Ok(STATOR_OK)
     })
@@ -1164,10 +1160,10 @@ pub unsafe extern "C" fn stator_flush(session: *mut stator_session) -> i32 {
 }
 
 /// Reaps up to `max` completions ready now into `out[0..n]`; returns `n`
-/// (0 when none is ready), or a negative status. Result values are copied
-/// out of the shared arena into the session and stay valid until the next
-/// `stator_reap` (or close/free); export chunks are read in place. Ends an
-/// `stator_arm`.
+/// (0 when none is ready), or a negative status. Results are read in place
+/// in shared memory (no copy): a completion's `value` stays valid until
+/// the next `stator_reap` (or close/free), an export chunk's until its
+/// slot is handed back. Ends an `stator_arm`.
 ///
 /// # Safety
 /// `session` as for `stator_close`; `out` points to `max` writable
@@ -1184,16 +1180,10 @@ pub unsafe extern "C" fn stator_reap(
         }
         i.disarm()?;
         let max = max.min(i32::MAX as usize);
-        let Inner { session, batch, .. } = i;
-        let s = session
-            .as_mut()
-            .ok_or_else(|| Fail::new(STATOR_E_CLOSED, "the session is closed"))?;
-        batch.clear();
-        // Offsets into `batch` first; pointers once it stops growing.
-        let mut at: Vec<(usize, usize)> = Vec::new();
+        let s = i.session()?;
         let mut n = 0usize;
-        let mut chunk_ptrs: Vec<(usize, u32)> = Vec::new();
-        s.poll_n(max, |c| {
+        let mut chunks = 0usize;
+        s.poll_in_place(max, |c, at| {
             let slot = c.slot.unwrap_or(STATOR_NO_SLOT);
             let status = match c.status {
                 Ok(st) => st as i32,
@@ -1206,31 +1196,26 @@ pub unsafe extern "C" fn stator_reap(
             if c.last {
                 flags |= STATOR_CQE_LAST;
             }
-            let (off, len) = match c.value {
-                Some(v) => {
-                    batch.extend_from_slice(v);
-                    (batch.len() - v.len(), v.len())
-                }
-                None => (usize::MAX, 0),
-            };
-            // An export chunk (an import's completion has no length).
-            if slot != STATOR_NO_SLOT
+            // An export chunk (an import's completion has no length): read
+            // in place in its slot, pointed at below.
+            let chunk = slot != STATOR_NO_SLOT
                 && status == STATOR_OK
                 && c.len > 0
-                && c.len <= STATOR_CHUNK_SLOT_LEN
-            {
-                chunk_ptrs.push((n, slot));
-            }
-            at.push((off, len));
+                && c.len <= STATOR_CHUNK_SLOT_LEN;
+            chunks += chunk as usize;
+            let (value, value_len) = match at {
+                Some(p) => (p.as_ptr().cast_const(), c.len),
+                None => (std::ptr::null(), 0),
+            };
             // SAFETY: `out` holds `max` writable entries (checked non-NULL
-            // above) and `n < max` (poll_n delivers at most `max`).
+            // above) and `n < max` (poll_in_place delivers at most `max`).
             unsafe {
                 out.add(n).write(stator_completion {
                     user_data: c.token,
                     status,
                     flags,
-                    value: std::ptr::null(),
-                    value_len: 0,
+                    value,
+                    value_len,
                     len: if c.needed > 0 { c.needed } else { c.len },
                     aux: c.aux,
                     slot,
@@ -1239,22 +1224,21 @@ pub unsafe extern "C" fn stator_reap(
             };
             n += 1;
         })?;
-        for (k, (off, len)) in at.into_iter().enumerate() {
-            if off != usize::MAX {
+        if chunks > 0 {
+            for k in 0..n {
                 // SAFETY: entry `k < n` was written above.
                 let c = unsafe { &mut *out.add(k) };
-                c.value = batch[off..].as_ptr();
-                c.value_len = len as u32;
+                if c.slot != STATOR_NO_SLOT
+                    && c.status == STATOR_OK
+                    && c.len > 0
+                    && c.len <= STATOR_CHUNK_SLOT_LEN
+                {
+                    // The chunk is the client's to read until its slot is
+                    // handed back.
+                    c.value = s.chunk_slot_ptr(c.slot)?.as_ptr();
+                    c.value_len = c.len;
+                }
             }
-        }
-        for (k, slot) in chunk_ptrs {
-            // The chunk is the client's to read in place until its slot is
-            // handed back.
-            let p = s.chunk_slot_ptr(slot)?;
-            // SAFETY: entry `k < n` was written above.
-            let c = unsafe { &mut *out.add(k) };
-            c.value = p.as_ptr();
-            c.value_len = c.len;
         }
         Ok(n as i32)
     })

@@ -345,6 +345,9 @@ pub struct Session {
     held: Vec<bool>,
     /// Value buffers reserved by the caller and not submitted yet.
     reserved: Slab<ArenaBuf>,
+    /// Result buffers of the last `poll_in_place`, read by the caller in
+    /// place: freed at the next poll.
+    deferred: Vec<ArenaBuf>,
 }
 
 /// A value buffer reserved in the session's shared arena: the caller
@@ -466,6 +469,7 @@ impl Session {
             scratch: Vec::new(),
             held: vec![false; chunk_slots as usize],
             reserved: Slab::new(),
+            deferred: Vec::new(),
         })
     }
 
@@ -1036,7 +1040,34 @@ impl Session {
         max: usize,
         mut f: impl FnMut(Completion<'_>),
     ) -> Result<usize, Error> {
+        self.poll_inner(max, false, |c, _| f(c))
+    }
+
+    /// Like [`Session::poll_n`], for a caller that reads results in place
+    /// (the C ABI): a completion's `value` is `None`, and its result, when
+    /// there is one, lies at the pointer `f` gets (`len` bytes, in the
+    /// shared arena). Those buffers stay the caller's to read until the
+    /// next poll of any kind, which frees them; nothing else writes them
+    /// meanwhile (the daemon writes a result buffer only while its request
+    /// is in flight).
+    pub fn poll_in_place(
+        &mut self,
+        max: usize,
+        f: impl FnMut(Completion<'_>, Option<std::ptr::NonNull<u8>>),
+    ) -> Result<usize, Error> {
+        self.poll_inner(max, true, f)
+    }
+
+    fn poll_inner(
+        &mut self,
+        max: usize,
+        in_place: bool,
+        mut f: impl FnMut(Completion<'_>, Option<std::ptr::NonNull<u8>>),
+    ) -> Result<usize, Error> {
         self.alive()?;
+        for b in self.deferred.drain(..) {
+            self.alloc.free(b);
+        }
         let mut n = 0;
         while n < max {
             let c: Option<Cqe> = match self.mem.with_dependent_mut(|_, ring| ring.cq.pop()) {
@@ -1051,38 +1082,56 @@ impl Session {
             };
             let status = Status::from_i32(c.status).ok_or(c.status);
             let arena = self.mem.borrow_dependent().arena();
-            let value = match (status, inf.output) {
-                (Ok(Status::Ok), Some(b)) if c.len <= b.cap => {
+            let (mut value, mut at) = (None, None);
+            if let (Ok(Status::Ok), Some(b)) = (status, inf.output)
+                && c.len <= b.cap
+            {
+                if in_place {
+                    at = Some(
+                        arena
+                            .raw_range(b.off as usize, b.cap as usize)
+                            .map_err(io_err)?,
+                    );
+                } else {
                     // Copied out: the daemon wrote it before publishing the
                     // completion; the copy keeps shared memory out of `&[u8]`.
                     self.scratch.resize(c.len as usize, 0);
                     arena
                         .read_into(b.off as usize, &mut self.scratch)
                         .map_err(io_err)?;
-                    Some(&self.scratch[..])
+                    value = Some(&self.scratch[..]);
                 }
-                _ => None,
-            };
-            f(Completion {
-                token: inf.token,
-                status,
-                value,
-                aux: c.aux,
-                more: c.flags & cqe_flags::MORE != 0,
-                needed: if status == Ok(Status::ResultTooLarge) {
-                    c.len
-                } else {
-                    0
+            }
+            f(
+                Completion {
+                    token: inf.token,
+                    status,
+                    value,
+                    aux: c.aux,
+                    more: c.flags & cqe_flags::MORE != 0,
+                    needed: if status == Ok(Status::ResultTooLarge) {
+                        c.len
+                    } else {
+                        0
+                    },
+                    slot: inf.slot,
+                    len: c.len,
+                    last: c.flags & cqe_flags::LAST != 0,
                 },
-                slot: inf.slot,
-                len: c.len,
-                last: c.flags & cqe_flags::LAST != 0,
-            });
+                at,
+            );
             if let Some(sl) = inf.slot {
                 self.held[sl as usize] = false;
             }
-            for b in [inf.input, inf.output, inf.value].into_iter().flatten() {
+            for b in [inf.input, inf.value].into_iter().flatten() {
                 self.alloc.free(b);
+            }
+            if let Some(b) = inf.output {
+                if at.is_some() {
+                    self.deferred.push(b);
+                } else {
+                    self.alloc.free(b);
+                }
             }
             n += 1;
         }
