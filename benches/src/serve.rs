@@ -500,17 +500,24 @@ pub fn run(a: ServeArgs) {
     let put_percent = a.put_percent.min(100);
     for &depth in &depths {
         let per = depth.div_ceil(sessions as usize).max(1);
-        // With the C ABI, each client runs two halves in the order Rust,
-        // C, C, Rust, so that drift over the point favours neither.
-        let halves = if cabi.is_empty() { 1 } else { 2 };
+        // With the C ABI, the point is cut into slices that alternate
+        // Rust, C, C, Rust, ... (each client gets the same time), so that
+        // drift and the daemon's background stalls favour neither.
+        let slices: u32 = if cabi.is_empty() {
+            1
+        } else if a.quick {
+            2
+        } else {
+            6
+        };
         let v: &[u8] = &vals[7];
-        let point = |round: u64| {
+        let point = |round: u32| {
             move |i: usize| Point {
                 depth: per,
-                dur: dur / halves,
+                dur: dur / slices,
                 put_percent,
                 value: v,
-                seed: 1000 + depth as u64 + i as u64 + 7919 * round,
+                seed: 1000 + depth as u64 + i as u64 + 7919 * round as u64,
             }
         };
         let (mut rust, keys): (Vec<(&mut Session, ValueState)>, Vec<&[u64]>) = conns
@@ -525,13 +532,22 @@ pub fn run(a: ServeArgs) {
                 batch: vec![crate::c_abi::completion(); 1024],
             })
             .collect();
-        let mut x = on_every_session(&mut rust, &keys, point(0));
-        let y = (!cc.is_empty()).then(|| {
-            let mut y = on_every_session(&mut cc, &keys, point(0));
-            y.merge(on_every_session(&mut cc, &keys, point(1)));
-            x.merge(on_every_session(&mut rust, &keys, point(1)));
-            y
-        });
+        let (mut x, mut y): (Option<Run>, Option<Run>) = (None, None);
+        let add = |acc: &mut Option<Run>, r: Run| match acc {
+            Some(a) => a.merge(r),
+            None => *acc = Some(r),
+        };
+        for round in 0..slices {
+            let c_first = round % 2 == 1;
+            if c_first {
+                add(&mut y, on_every_session(&mut cc, &keys, point(round)));
+            }
+            add(&mut x, on_every_session(&mut rust, &keys, point(round)));
+            if !c_first && !cc.is_empty() {
+                add(&mut y, on_every_session(&mut cc, &keys, point(round)));
+            }
+        }
+        let x = x.expect("one slice at least");
         assert_eq!(x.errors, 0, "gets failed at depth {depth}");
         let name = if put_percent > 0 {
             format!("get_put{put_percent}_depth{depth}_daemon")

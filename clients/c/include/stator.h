@@ -1032,10 +1032,10 @@ int32_t stator_flush(struct stator_session *session);
 
 /**
  * Reaps up to `max` completions ready now into `out[0..n]`; returns `n`
- * (0 when none is ready), or a negative status. Result values are copied
- * out of the shared arena into the session and stay valid until the next
- * `stator_reap` (or close/free); export chunks are read in place. Ends an
- * `stator_arm`.
+ * (0 when none is ready), or a negative status. Results are read in place
+ * in shared memory (no copy): a completion's `value` stays valid until
+ * the next `stator_reap` (or close/free), an export chunk's until its
+ * slot is handed back. Ends an `stator_arm`.
  *
  * # Safety
  * `session` as for `stator_close`; `out` points to `max` writable

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::{CStr, c_char};
 
 use stator_client::Error;
 
@@ -126,6 +126,13 @@ impl Fail {
 
 impl From<Error> for Fail {
     fn from(e: Error) -> Fail {
+        // A full queue is routine at depth: no allocation for it.
+        if let Error::Full = e {
+            return Fail::new(
+                STATOR_E_FULL,
+                "the submission queue or the arena is full; reap completions and retry",
+            );
+        }
         let code = match &e {
             Error::Connect { .. } => STATOR_E_CONNECT,
             Error::Refused { .. } => STATOR_E_REFUSED,
@@ -143,12 +150,17 @@ impl From<Error> for Fail {
 pub(crate) type Res<T> = Result<T, Fail>;
 
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    /// The thread's last error message, NUL-terminated (empty: none yet).
+    static LAST_ERROR: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 fn set_last_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+    LAST_ERROR.with(|l| {
+        let mut l = l.borrow_mut();
+        l.clear();
+        l.extend(msg.bytes().map(|b| if b == 0 { b' ' } else { b }));
+        l.push(0);
+    });
 }
 
 /// Runs `f`, turning its failure or panic into a status code (and the
@@ -232,7 +244,14 @@ pub extern "C" fn stator_strerror(code: i32) -> *const c_char {
 /// next failing call on this thread; copy it to keep it.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_last_error() -> *const c_char {
-    LAST_ERROR.with(|l| l.borrow().as_ptr())
+    LAST_ERROR.with(|l| {
+        let l = l.borrow();
+        if l.is_empty() {
+            c"".as_ptr()
+        } else {
+            l.as_ptr().cast()
+        }
+    })
 }
 
 #[cfg(test)]
