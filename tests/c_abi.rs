@@ -98,9 +98,13 @@ impl Installed {
             .arg(&exe)
             .args(self.pkg_config(&["--cflags"]));
         if static_link {
-            // The archive itself, then what pkg-config's Libs.private adds.
-            cmd.arg(self.lib().join("libstator.a"))
-                .args(["-lpthread", "-ldl", "-lm"]);
+            // The archive itself, then what `pkg-config --static` adds to
+            // it (Libs.private).
+            cmd.arg(self.lib().join("libstator.a")).args(
+                self.pkg_config(&["--static", "--libs"])
+                    .into_iter()
+                    .filter(|f| f.starts_with("-l") && f != "-lstator"),
+            );
         } else {
             cmd.args(self.pkg_config(&["--libs"]))
                 .arg(format!("-Wl,-rpath,{}", self.lib().display()));

@@ -267,6 +267,7 @@ struct CClient<'a> {
     s: &'a mut CSession,
     st: u32,
     batch: Vec<stator::stator_completion>,
+    scratch: Vec<u8>,
 }
 
 // SAFETY: the session moves with its one user (see CSession); the batch's
@@ -285,6 +286,14 @@ impl Client for CClient<'_> {
         loop {
             let got = self.s.reap(&mut self.batch);
             for c in got {
+                // Read the value out, as the Rust client's poll copies it.
+                if !c.value.is_null() {
+                    // SAFETY: a reaped result: `value_len` readable bytes,
+                    // valid until the next reap.
+                    let v = unsafe { std::slice::from_raw_parts(c.value, c.value_len as usize) };
+                    self.scratch.clear();
+                    self.scratch.extend_from_slice(v);
+                }
                 f(c.user_data, c.status == stator::STATOR_OK);
             }
             n += got.len();
@@ -530,6 +539,7 @@ pub fn run(a: ServeArgs) {
                 s,
                 st: *st,
                 batch: vec![crate::c_abi::completion(); 1024],
+                scratch: Vec::new(),
             })
             .collect();
         let (mut x, mut y): (Option<Run>, Option<Run>) = (None, None);

@@ -132,6 +132,21 @@ impl ArenaAllocator {
         self.free[class].push(buf.off);
     }
 
+    /// Whether buffers of these lengths could ever be held at once, by an
+    /// empty arena (each rounded up to its size class). `false` means
+    /// [`Self::alloc`] fails for them however many buffers are freed.
+    pub fn could_ever_fit(&self, lens: &[u32]) -> bool {
+        let mut total = 0u64;
+        for &l in lens {
+            let (class, size) = Self::class_of(l);
+            if class >= CLASSES {
+                return false;
+            }
+            total += size;
+        }
+        total <= self.len
+    }
+
     /// Bytes handed out and not yet freed (rounded to size classes).
     pub fn in_use_bytes(&self) -> u64 {
         self.in_use_bytes

@@ -309,7 +309,19 @@
 #define STATOR_E_PANIC -113
 
 /**
- * An open (or closed, not yet freed) session. Opaque.
+ * A system call failed (out of fds or memory); `stator_last_error()`
+ * names it.
+ */
+#define STATOR_E_SYSTEM -114
+
+/**
+ * A session handle. Opaque.
+ *
+ * The handle itself is never given back to the allocator: `stator_free`
+ * drops the session inside it, marks it freed and keeps it for a later
+ * `stator_open`. A call that races a free, or comes after it, reads the
+ * mark and fails instead of reading freed memory (after the handle is
+ * reused it reaches the new session, as a closed fd number would).
  */
 typedef struct stator_session stator_session;
 
@@ -448,10 +460,12 @@ typedef struct stator_completion {
      */
     uint32_t flags;
     /**
-     * A read's result, or a chunk an export completion announced (read in
-     * place in its chunk slot); NULL when there is none. A result stays
-     * valid until the next `stator_reap`, `stator_close` or `stator_free`
-     * on this session; a chunk until its slot is handed back.
+     * A read's result, or a chunk an export completion announced, both
+     * read in place in shared memory; NULL when there is none. A result
+     * stays valid until the next call on this session that reaps
+     * (`stator_reap`, `stator_export_snapshot`, `stator_import_snapshot`)
+     * or `stator_close`/`stator_free`; a chunk until its slot is handed
+     * back.
      */
     const uint8_t *value;
     uint32_t value_len;
@@ -497,9 +511,10 @@ typedef int32_t (*stator_chunk_sink)(void *ctx, const uint8_t *chunk, size_t len
 
 /**
  * Writes the next chunk to import into `slot` (`capacity` bytes,
- * `STATOR_CHUNK_SLOT_LEN`), in place, and sets `*len`. Returns 1 when it
- * wrote a chunk, 0 when there are no more, a negative value to cancel
- * the import.
+ * `STATOR_CHUNK_SLOT_LEN`), in place, and sets `*len` (checked against
+ * the capacity; the daemon reads the length from the chunk's own header).
+ * Returns 1 when it wrote a chunk, 0 when there are no more, a negative
+ * value to cancel the import.
  */
 typedef int32_t (*stator_chunk_source)(void *ctx, uint8_t *slot, size_t capacity, size_t *len);
 
@@ -511,13 +526,16 @@ extern "C" {
  * The ABI version of the linked library: compare with
  * `STATOR_ABI_VERSION` at start-up to catch a header/library mismatch.
  *
- * Thread-safe.
+ * # Safety
+ * None: no arguments. Thread-safe.
  */
 uint32_t stator_abi_version(void);
 
 /**
- * The library's version, e.g. "0.1.0" (a static string).
+ * The library's version, e.g. "0.1.0".
  *
+ * # Safety
+ * None: no arguments. The string is static (do not free it).
  * Thread-safe.
  */
 const char *stator_version(void);
@@ -525,7 +543,8 @@ const char *stator_version(void);
 /**
  * Flink's `MathUtils.murmurHash(int)`: non-negative.
  *
- * Thread-safe; never fails.
+ * # Safety
+ * None: any value is fine. Thread-safe; never fails.
  */
 int32_t stator_murmur_hash(int32_t code);
 
@@ -535,7 +554,8 @@ int32_t stator_murmur_hash(int32_t code);
  * `0..max_parallelism`, or `STATOR_E_INVALID_ARGUMENT` when
  * `max_parallelism` is outside `1..=32768`.
  *
- * Thread-safe.
+ * # Safety
+ * None: any values are fine. Thread-safe.
  */
 int32_t stator_key_group_for_hash(int32_t key_hash, int32_t max_parallelism);
 
@@ -564,7 +584,8 @@ int32_t stator_key_group_range(int32_t max_parallelism,
  * a parallelism outside `1..=max_parallelism` or a key group outside
  * `0..max_parallelism`.
  *
- * Thread-safe.
+ * # Safety
+ * None: any values are fine. Thread-safe.
  */
 int32_t stator_operator_for_key_group(int32_t max_parallelism,
                                       int32_t parallelism,
@@ -655,8 +676,9 @@ int32_t stator_open(const char *socket_path,
 /**
  * Closes the session: the daemon drops it (its state stays, for this or
  * a later session of the same subtask), and requests still in flight are
- * abandoned. The handle stays valid: later calls return
- * `STATOR_E_CLOSED` until `stator_free`. Returns `STATOR_OK`, or the
+ * abandoned. The shared memory is unmapped: pointers into results,
+ * reservations and chunk slots are invalid from here on. The handle
+ * stays valid: later calls return `STATOR_E_CLOSED` until `stator_free`. Returns `STATOR_OK`, or the
  * daemon's failure (the session is closed on this side either way), or
  * `STATOR_E_CLOSED` if it was closed already.
  *
@@ -668,13 +690,15 @@ int32_t stator_close(struct stator_session *session);
 
 /**
  * Frees the session (closing it first if it is open, without waiting for
- * the daemon's answer). NULL is a no-op returning `STATOR_OK`. The
- * pointer is invalid afterwards, as are pointers into its results,
- * reservations and chunk slots. Returns `STATOR_E_IN_USE` (and frees
- * nothing) if another thread is in a call on it.
+ * the daemon's answer). NULL is a no-op returning `STATOR_OK`. Pointers
+ * into its results, reservations and chunk slots are invalid afterwards.
+ * The handle is marked freed: a later call with it fails with
+ * `STATOR_E_INVALID_ARGUMENT` until a later `stator_open` reuses it.
+ * Returns `STATOR_E_IN_USE` (and frees nothing) if another thread is in a
+ * call on it. A session poisoned by `STATOR_E_PANIC` can be freed.
  *
  * # Safety
- * `session` is NULL or from `stator_open` and not freed yet.
+ * `session` is NULL or a pointer `stator_open` returned.
  */
 int32_t stator_free(struct stator_session *session);
 
@@ -1034,7 +1058,7 @@ int32_t stator_flush(struct stator_session *session);
  * Reaps up to `max` completions ready now into `out[0..n]`; returns `n`
  * (0 when none is ready), or a negative status. Results are read in place
  * in shared memory (no copy): a completion's `value` stays valid until
- * the next `stator_reap` (or close/free), an export chunk's until its
+ * the next call that reaps (or close/free), an export chunk's until its
  * slot is handed back. Ends an `stator_arm`.
  *
  * # Safety
@@ -1149,8 +1173,9 @@ int32_t stator_chunk_slots(struct stator_session *session);
  *
  * # Safety
  * `session` from `stator_open` and not freed; `data` is NULL or
- * writable. The pointer stays valid until the session is freed; the
- * bytes are the caller's only while the slot is. One thread at a time.
+ * writable. The pointer stays valid until the session is closed or freed
+ * (which unmap the shared memory); the bytes are the caller's only while
+ * the slot is. One thread at a time.
  */
 int32_t stator_chunk_slot(struct stator_session *session, uint32_t slot, uint8_t **data);
 
@@ -1265,6 +1290,8 @@ int32_t stator_import_snapshot(struct stator_session *session,
  * What status `code` means, in one line (a static string; never NULL,
  * also for codes this library does not know).
  *
+ * # Safety
+ * None: any code is fine. The string is static (do not free it).
  * Thread-safe.
  */
 const char *stator_strerror(int32_t code);

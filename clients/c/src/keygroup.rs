@@ -54,7 +54,8 @@ fn par(max_parallelism: u32, parallelism: i32) -> Res<u32> {
 
 /// Flink's `MathUtils.murmurHash(int)`: non-negative.
 ///
-/// Thread-safe; never fails.
+/// # Safety
+/// None: any value is fine. Thread-safe; never fails.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_murmur_hash(code: i32) -> i32 {
     keygroup::murmur_hash(code)
@@ -65,7 +66,8 @@ pub extern "C" fn stator_murmur_hash(code: i32) -> i32 {
 /// `0..max_parallelism`, or `STATOR_E_INVALID_ARGUMENT` when
 /// `max_parallelism` is outside `1..=32768`.
 ///
-/// Thread-safe.
+/// # Safety
+/// None: any values are fine. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_key_group_for_hash(key_hash: i32, max_parallelism: i32) -> i32 {
     guard(|| Ok(keygroup::key_group_for_hash(key_hash, max_par(max_parallelism)?) as i32))
@@ -112,7 +114,8 @@ pub unsafe extern "C" fn stator_key_group_range(
 /// a parallelism outside `1..=max_parallelism` or a key group outside
 /// `0..max_parallelism`.
 ///
-/// Thread-safe.
+/// # Safety
+/// None: any values are fine. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_operator_for_key_group(
     max_parallelism: i32,

@@ -53,14 +53,17 @@ pub const STATOR_ABI_VERSION: u32 = 1;
 /// The ABI version of the linked library: compare with
 /// `STATOR_ABI_VERSION` at start-up to catch a header/library mismatch.
 ///
-/// Thread-safe.
+/// # Safety
+/// None: no arguments. Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_abi_version() -> u32 {
     STATOR_ABI_VERSION
 }
 
-/// The library's version, e.g. "0.1.0" (a static string).
+/// The library's version, e.g. "0.1.0".
 ///
+/// # Safety
+/// None: no arguments. The string is static (do not free it).
 /// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_version() -> *const c_char {

@@ -149,10 +149,12 @@ pub struct stator_completion {
     pub status: i32,
     /// `STATOR_CQE_*` bits.
     pub flags: u32,
-    /// A read's result, or a chunk an export completion announced (read in
-    /// place in its chunk slot); NULL when there is none. A result stays
-    /// valid until the next `stator_reap`, `stator_close` or `stator_free`
-    /// on this session; a chunk until its slot is handed back.
+    /// A read's result, or a chunk an export completion announced, both
+    /// read in place in shared memory; NULL when there is none. A result
+    /// stays valid until the next call on this session that reaps
+    /// (`stator_reap`, `stator_export_snapshot`, `stator_import_snapshot`)
+    /// or `stator_close`/`stator_free`; a chunk until its slot is handed
+    /// back.
     pub value: *const u8,
     pub value_len: u32,
     /// With `STATOR_E_RESULT_TOO_LARGE`: the capacity the result needs;
@@ -183,11 +185,84 @@ pub struct stator_value_buffer {
 const MAGIC: u64 = u64::from_le_bytes(*b"statorS1");
 const FREED: u64 = u64::from_le_bytes(*b"freedS1!");
 
-/// An open (or closed, not yet freed) session. Opaque.
+/// A session handle. Opaque.
+///
+/// The handle itself is never given back to the allocator: `stator_free`
+/// drops the session inside it, marks it freed and keeps it for a later
+/// `stator_open`. A call that races a free, or comes after it, reads the
+/// mark and fails instead of reading freed memory (after the handle is
+/// reused it reaches the new session, as a closed fd number would).
 pub struct stator_session {
     magic: AtomicU64,
     busy: AtomicBool,
-    inner: UnsafeCell<Inner>,
+    /// `None` while the handle is spare (freed).
+    inner: UnsafeCell<Option<Inner>>,
+}
+
+// SAFETY: `inner` is touched only by the thread that holds `busy` (see
+// `with`, `stator_free`, `new_handle`); the other fields are atomics.
+unsafe impl Sync for stator_session {}
+
+/// Freed handles, for reuse (reachable, so leak checkers stay quiet).
+static SPARE: std::sync::Mutex<Vec<&'static stator_session>> = std::sync::Mutex::new(Vec::new());
+
+fn spare() -> std::sync::MutexGuard<'static, Vec<&'static stator_session>> {
+    SPARE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A handle holding `inner`: a spare one if any is free, else a new one.
+fn new_handle(inner: Inner) -> *mut stator_session {
+    let h = spare()
+        .pop()
+        // A spare handle a stale caller is still inside (against the
+        // contract) stays out of use.
+        .filter(|h| {
+            h.busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        })
+        .unwrap_or_else(|| {
+            Box::leak(Box::new(stator_session {
+                magic: AtomicU64::new(FREED),
+                busy: AtomicBool::new(true),
+                inner: UnsafeCell::new(None),
+            }))
+        });
+    // SAFETY: this thread holds `busy` (taken above, or a new handle).
+    unsafe { *h.inner.get() = Some(inner) };
+    h.magic.store(MAGIC, Ordering::Release);
+    h.busy.store(false, Ordering::Release);
+    std::ptr::from_ref(h).cast_mut()
+}
+
+/// Takes the busy flag of the live session behind `s`.
+///
+/// # Safety
+/// `s` is NULL or a pointer `stator_open` returned (handles are never
+/// deallocated, so any such pointer stays readable).
+unsafe fn enter<'a>(s: *mut stator_session) -> Res<Entered<'a>> {
+    // SAFETY: the caller's contract above.
+    let h = unsafe { input(s.cast_const(), "session")? };
+    if h.magic.load(Ordering::Acquire) != MAGIC {
+        return Err(Fail::arg(
+            "not a live stator_session (freed, or never opened)",
+        ));
+    }
+    if h.busy
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return Err(Fail::new(
+            STATOR_E_IN_USE,
+            "another thread is in a call on this session; a session is used by one thread at a time",
+        ));
+    }
+    let e = Entered(h);
+    // Freed between the check and the flag (a racing stator_free).
+    if h.magic.load(Ordering::Acquire) != MAGIC {
+        return Err(Fail::arg("the stator_session was freed"));
+    }
+    Ok(e)
 }
 
 pub(crate) struct Inner {
@@ -222,6 +297,7 @@ const _: () = {
     send::<Session>();
 };
 
+/// The busy flag of a session, held; released on drop.
 struct Entered<'a>(&'a stator_session);
 
 impl Drop for Entered<'_> {
@@ -236,33 +312,22 @@ impl Drop for Entered<'_> {
 pub(crate) fn with(s: *mut stator_session, f: impl FnOnce(&mut Inner) -> Res<i32>) -> i32 {
     guard(|| {
         // SAFETY: the caller passes NULL or a pointer from `stator_open`
-        // that was not freed (each function's `# Safety`).
-        let h = unsafe { input(s.cast_const(), "session")? };
-        if h.magic.load(Ordering::Relaxed) != MAGIC {
-            return Err(Fail::arg(
-                "not a live stator_session (freed, or never opened)",
-            ));
-        }
-        if h.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Fail::new(
-                STATOR_E_IN_USE,
-                "another thread is in a call on this session; a session is used by one thread at a time",
-            ));
-        }
-        let _entered = Entered(h);
-        let inner = h.inner.get();
-        // SAFETY: the busy flag is ours until `_entered` drops, so no other
-        // call holds a reference to `inner`.
-        if unsafe { (*inner).poisoned } {
+        // (each function's `# Safety`).
+        let e = unsafe { enter(s)? };
+        // SAFETY: the busy flag is ours until `e` drops, so nothing else
+        // touches `inner`; the reference ends before it does.
+        let inner = unsafe { &mut *e.0.inner.get() };
+        let Some(inner) = inner.as_mut() else {
+            return Err(Fail::arg("the stator_session was freed"));
+        };
+        if inner.poisoned {
             return Err(Fail::new(
                 STATOR_E_PANIC,
                 "an earlier call on this session failed inside libstator; free it",
             ));
         }
-        // SAFETY: as above; the reference ends with the closure.
+        let inner: *mut Inner = inner;
+        // SAFETY: as above; the closure's reference ends with it.
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(unsafe { &mut *inner }))) {
             Ok(r) => r,
             Err(p) => {
@@ -396,24 +461,21 @@ pub unsafe extern "C" fn stator_open(
             )
         };
         let s = Session::open(path, &o)?;
-        *slot = Box::into_raw(Box::new(stator_session {
-            magic: AtomicU64::new(MAGIC),
-            busy: AtomicBool::new(false),
-            inner: UnsafeCell::new(Inner {
-                session: Some(s),
-                poisoned: false,
-                epoll: None,
-                armed: false,
-            }),
-        }));
+        *slot = new_handle(Inner {
+            session: Some(s),
+            poisoned: false,
+            epoll: None,
+            armed: false,
+        });
         Ok(STATOR_OK)
     })
 }
 
 /// Closes the session: the daemon drops it (its state stays, for this or
 /// a later session of the same subtask), and requests still in flight are
-/// abandoned. The handle stays valid: later calls return
-/// `STATOR_E_CLOSED` until `stator_free`. Returns `STATOR_OK`, or the
+/// abandoned. The shared memory is unmapped: pointers into results,
+/// reservations and chunk slots are invalid from here on. The handle
+/// stays valid: later calls return `STATOR_E_CLOSED` until `stator_free`. Returns `STATOR_OK`, or the
 /// daemon's failure (the session is closed on this side either way), or
 /// `STATOR_E_CLOSED` if it was closed already.
 ///
@@ -435,40 +497,31 @@ pub unsafe extern "C" fn stator_close(session: *mut stator_session) -> i32 {
 }
 
 /// Frees the session (closing it first if it is open, without waiting for
-/// the daemon's answer). NULL is a no-op returning `STATOR_OK`. The
-/// pointer is invalid afterwards, as are pointers into its results,
-/// reservations and chunk slots. Returns `STATOR_E_IN_USE` (and frees
-/// nothing) if another thread is in a call on it.
+/// the daemon's answer). NULL is a no-op returning `STATOR_OK`. Pointers
+/// into its results, reservations and chunk slots are invalid afterwards.
+/// The handle is marked freed: a later call with it fails with
+/// `STATOR_E_INVALID_ARGUMENT` until a later `stator_open` reuses it.
+/// Returns `STATOR_E_IN_USE` (and frees nothing) if another thread is in a
+/// call on it. A session poisoned by `STATOR_E_PANIC` can be freed.
 ///
 /// # Safety
-/// `session` is NULL or from `stator_open` and not freed yet.
+/// `session` is NULL or a pointer `stator_open` returned.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stator_free(session: *mut stator_session) -> i32 {
     if session.is_null() {
         return STATOR_OK;
     }
-    let rc = with(session, |_| Ok(STATOR_OK));
-    if rc != STATOR_OK && rc != STATOR_E_PANIC {
-        return rc;
-    }
     guard(|| {
-        // SAFETY: live (checked above); marked freed before the box goes so
-        // a later call on this pointer more likely reads the mark than
-        // reuses it. Another thread calling now breaks the contract.
-        let h = unsafe { &*session };
-        if h.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Fail::new(
-                STATOR_E_IN_USE,
-                "another thread is in a call on this session",
-            ));
-        }
-        h.magic.store(FREED, Ordering::Relaxed);
-        // SAFETY: from Box::into_raw in stator_open; freed once (the mark
-        // above refuses a second free of a pointer not yet reused).
-        drop(unsafe { Box::from_raw(session) });
+        // SAFETY: the caller's contract above.
+        let e = unsafe { enter(session)? };
+        e.0.magic.store(FREED, Ordering::Release);
+        // SAFETY: the busy flag is ours (`e`), so nothing else touches
+        // `inner`.
+        let old = unsafe { (*e.0.inner.get()).take() };
+        let h = e.0;
+        drop(e);
+        spare().push(h);
+        drop(old);
         Ok(STATOR_OK)
     })
 }
@@ -570,6 +623,9 @@ pub unsafe extern "C" fn stator_restore(
     with_session(session, |s| {
         if count > 0 && handles.is_null() {
             return Err(Fail::null("handles"));
+        }
+        if !handles.is_aligned() {
+            return Err(Fail::arg("handles is misaligned"));
         }
         if count > 4096 {
             return Err(Fail::arg(format!("{count} handles is more than 4096")));
@@ -1162,7 +1218,7 @@ pub unsafe extern "C" fn stator_flush(session: *mut stator_session) -> i32 {
 /// Reaps up to `max` completions ready now into `out[0..n]`; returns `n`
 /// (0 when none is ready), or a negative status. Results are read in place
 /// in shared memory (no copy): a completion's `value` stays valid until
-/// the next `stator_reap` (or close/free), an export chunk's until its
+/// the next call that reaps (or close/free), an export chunk's until its
 /// slot is handed back. Ends an `stator_arm`.
 ///
 /// # Safety
@@ -1175,14 +1231,18 @@ pub unsafe extern "C" fn stator_reap(
     max: usize,
 ) -> i32 {
     with(session, |i| {
-        if max > 0 && (out.is_null() || !out.is_aligned()) {
+        if max > 0 && out.is_null() {
             return Err(Fail::null("out"));
+        }
+        if !out.is_aligned() {
+            return Err(Fail::arg("out is misaligned"));
         }
         i.disarm()?;
         let max = max.min(i32::MAX as usize);
         let s = i.session()?;
         let mut n = 0usize;
-        let mut chunks = 0usize;
+        // Export chunks reaped (entry, slot): pointed at once the poll ends.
+        let mut chunks: Vec<(usize, u32)> = Vec::new();
         s.poll_in_place(max, |c, at| {
             let slot = c.slot.unwrap_or(STATOR_NO_SLOT);
             let status = match c.status {
@@ -1196,13 +1256,14 @@ pub unsafe extern "C" fn stator_reap(
             if c.last {
                 flags |= STATOR_CQE_LAST;
             }
-            // An export chunk (an import's completion has no length): read
-            // in place in its slot, pointed at below.
-            let chunk = slot != STATOR_NO_SLOT
+            // An export chunk (an import's completion has no length).
+            if slot != STATOR_NO_SLOT
                 && status == STATOR_OK
                 && c.len > 0
-                && c.len <= STATOR_CHUNK_SLOT_LEN;
-            chunks += chunk as usize;
+                && c.len <= STATOR_CHUNK_SLOT_LEN
+            {
+                chunks.push((n, slot));
+            }
             let (value, value_len) = match at {
                 Some(p) => (p.as_ptr().cast_const(), c.len),
                 None => (std::ptr::null(), 0),
@@ -1224,20 +1285,14 @@ pub unsafe extern "C" fn stator_reap(
             };
             n += 1;
         })?;
-        if chunks > 0 {
-            for k in 0..n {
+        for (k, slot) in chunks {
+            // The slot is the client's again (its request completed), so
+            // this cannot be refused; if it were, the value stays NULL.
+            if let Ok(p) = s.chunk_slot_ptr(slot) {
                 // SAFETY: entry `k < n` was written above.
                 let c = unsafe { &mut *out.add(k) };
-                if c.slot != STATOR_NO_SLOT
-                    && c.status == STATOR_OK
-                    && c.len > 0
-                    && c.len <= STATOR_CHUNK_SLOT_LEN
-                {
-                    // The chunk is the client's to read until its slot is
-                    // handed back.
-                    c.value = s.chunk_slot_ptr(c.slot)?.as_ptr();
-                    c.value_len = c.len;
-                }
+                c.value = p.as_ptr();
+                c.value_len = c.len;
             }
         }
         Ok(n as i32)
@@ -1285,13 +1340,12 @@ pub unsafe extern "C" fn stator_event_fd(session: *mut stator_session) -> i32 {
     with(session, |i| {
         if i.epoll.is_none() {
             let s = i.session()?;
-            let sys = |e: nix::errno::Errno| Fail::new(STATOR_E_PROTOCOL, format!("epoll: {e}"));
+            let sys = |e: nix::errno::Errno| Fail::new(STATOR_E_SYSTEM, format!("epoll: {e}"));
             let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(sys)?;
             for (k, fd) in s.event_fds().into_iter().enumerate() {
                 ep.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, k as u64))
                     .map_err(sys)?;
             }
-            i.session()?;
             i.epoll = Some(ep);
         }
         Ok(i.epoll.as_ref().expect("made above").0.as_fd().as_raw_fd())
@@ -1308,8 +1362,8 @@ pub unsafe extern "C" fn stator_event_fd(session: *mut stator_session) -> i32 {
 pub unsafe extern "C" fn stator_arm(session: *mut stator_session) -> i32 {
     with(session, |i| {
         i.disarm()?;
+        // Ready already: the flag is cleared again, nothing to undo.
         if i.session()?.arm()? {
-            i.session()?.disarm()?;
             Ok(1)
         } else {
             i.armed = true;
@@ -1327,6 +1381,7 @@ pub unsafe extern "C" fn stator_arm(session: *mut stator_session) -> i32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stator_disarm(session: *mut stator_session) -> i32 {
     with(session, |i| {
+        i.session()?;
         i.disarm()?;
         Ok(STATOR_OK)
     })
@@ -1381,21 +1436,25 @@ pub unsafe extern "C" fn stator_submit_reserved(
     user_data: u64,
 ) -> i32 {
     with_session(session, |s| {
-        // SAFETY: the caller's contract as for `stator_submit`.
-        let mut r = unsafe { request(input(req, "req")?)? };
-        r.value = b"";
+        // SAFETY: NULL or a readable request, by the caller's contract;
+        // its value range is ignored (never read).
+        let mut c = *unsafe { input(req, "req")? };
+        c.value = stator_bytes::EMPTY;
+        // SAFETY: the other ranges as for `stator_submit`.
+        let r = unsafe { request(&c)? };
         if !r.op.fields().value_in {
             return Err(Fail::arg(format!("{:?} takes no value", r.op)));
         }
-        if s.reservation_ptr(id).is_none() {
-            return Err(Fail::arg(format!("no value buffer {id} is reserved")));
+        match s.reservation_cap(id) {
+            None => return Err(Fail::arg(format!("no value buffer {id} is reserved"))),
+            Some(cap) if len > cap => {
+                return Err(Fail::arg(format!("{len} bytes exceed the {cap} reserved")));
+            }
+            Some(_) => {}
         }
         submitted(
             s.submit_reserved(&r, user_data, id, len)
-                .map_err(|e| match e {
-                    stator_client::Error::Protocol(m) => Fail::arg(m),
-                    e => e.into(),
-                }),
+                .map_err(Fail::from),
         )
     })
 }

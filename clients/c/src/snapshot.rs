@@ -21,9 +21,10 @@ pub type stator_chunk_sink =
     Option<unsafe extern "C" fn(ctx: *mut c_void, chunk: *const u8, len: usize) -> i32>;
 
 /// Writes the next chunk to import into `slot` (`capacity` bytes,
-/// `STATOR_CHUNK_SLOT_LEN`), in place, and sets `*len`. Returns 1 when it
-/// wrote a chunk, 0 when there are no more, a negative value to cancel
-/// the import.
+/// `STATOR_CHUNK_SLOT_LEN`), in place, and sets `*len` (checked against
+/// the capacity; the daemon reads the length from the chunk's own header).
+/// Returns 1 when it wrote a chunk, 0 when there are no more, a negative
+/// value to cancel the import.
 pub type stator_chunk_source = Option<
     unsafe extern "C" fn(ctx: *mut c_void, slot: *mut u8, capacity: usize, len: *mut usize) -> i32,
 >;
@@ -53,8 +54,9 @@ pub unsafe extern "C" fn stator_chunk_slots(session: *mut stator_session) -> i32
 ///
 /// # Safety
 /// `session` from `stator_open` and not freed; `data` is NULL or
-/// writable. The pointer stays valid until the session is freed; the
-/// bytes are the caller's only while the slot is. One thread at a time.
+/// writable. The pointer stays valid until the session is closed or freed
+/// (which unmap the shared memory); the bytes are the caller's only while
+/// the slot is. One thread at a time.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn stator_chunk_slot(
     session: *mut stator_session,

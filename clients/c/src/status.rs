@@ -93,6 +93,9 @@ pub const STATOR_E_CALLBACK: i32 = -112;
 /// A bug in libstator (a Rust panic, caught at the boundary). The session
 /// it happened in refuses further calls; free it.
 pub const STATOR_E_PANIC: i32 = -113;
+/// A system call failed (out of fds or memory); `stator_last_error()`
+/// names it.
+pub const STATOR_E_SYSTEM: i32 = -114;
 
 /// A failed call: its status code and what to say about it.
 #[derive(Debug)]
@@ -155,7 +158,9 @@ thread_local! {
 }
 
 fn set_last_error(msg: &str) {
-    LAST_ERROR.with(|l| {
+    // `try_with`: a call from a thread-exit destructor finds the slot gone;
+    // the message is then dropped rather than panicking across the ABI.
+    let _ = LAST_ERROR.try_with(|l| {
         let mut l = l.borrow_mut();
         l.clear();
         l.extend(msg.bytes().map(|b| if b == 0 { b' ' } else { b }));
@@ -186,6 +191,8 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// What status `code` means, in one line (a static string; never NULL,
 /// also for codes this library does not know).
 ///
+/// # Safety
+/// None: any code is fine. The string is static (do not free it).
 /// Thread-safe.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_strerror(code: i32) -> *const c_char {
@@ -231,6 +238,7 @@ pub extern "C" fn stator_strerror(code: i32) -> *const c_char {
         STATOR_E_INVALID_STATE => c"the call is not valid in the session's current state",
         STATOR_E_CALLBACK => c"a callback returned an error",
         STATOR_E_PANIC => c"internal libstator error",
+        STATOR_E_SYSTEM => c"a system call failed (see stator_last_error)",
         _ => c"unknown status code",
     };
     s.as_ptr()
@@ -244,14 +252,16 @@ pub extern "C" fn stator_strerror(code: i32) -> *const c_char {
 /// next failing call on this thread; copy it to keep it.
 #[unsafe(no_mangle)]
 pub extern "C" fn stator_last_error() -> *const c_char {
-    LAST_ERROR.with(|l| {
-        let l = l.borrow();
-        if l.is_empty() {
-            c"".as_ptr()
-        } else {
-            l.as_ptr().cast()
-        }
-    })
+    LAST_ERROR
+        .try_with(|l| {
+            let l = l.borrow();
+            if l.is_empty() {
+                c"".as_ptr()
+            } else {
+                l.as_ptr().cast()
+            }
+        })
+        .unwrap_or(c"".as_ptr())
 }
 
 #[cfg(test)]

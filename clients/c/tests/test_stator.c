@@ -96,7 +96,8 @@ static void test_versions_and_strings(void) {
                              STATOR_E_CLOSED, STATOR_E_IN_USE, STATOR_E_FULL,
                              STATOR_E_REQUEST_TOO_LARGE, STATOR_E_CONNECT, STATOR_E_REFUSED,
                              STATOR_E_DAEMON_GONE, STATOR_E_PROTOCOL, STATOR_E_TIMED_OUT,
-                             STATOR_E_INVALID_STATE, STATOR_E_CALLBACK, STATOR_E_PANIC};
+                             STATOR_E_INVALID_STATE, STATOR_E_CALLBACK, STATOR_E_PANIC,
+                             STATOR_E_SYSTEM};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         const char *m = stator_strerror(codes[i]);
         CHECK(m && strlen(m) > 0 && strcmp(m, "unknown status code") != 0);
@@ -276,6 +277,11 @@ static void test_session_basics(void) {
     CHECK_RC(stator_session_key_groups(s, &first, NULL), STATOR_E_NULL);
     CHECK(stator_in_flight(s) == 0);
     CHECK(stator_chunk_slots(s) > 0);
+    uint64_t words[2];
+    CHECK_RC(stator_session_id(s, (uint64_t *)((char *)words + 1)), STATOR_E_INVALID_ARGUMENT);
+    CHECK_RC(stator_session_id((stator_session *)((char *)s + 1), &id), STATOR_E_INVALID_ARGUMENT);
+    stator_completion cbuf[2];
+    CHECK_RC(stator_reap(s, (stator_completion *)((char *)cbuf + 4), 1), STATOR_E_INVALID_ARGUMENT);
 
     OK(stator_register(s, "counts", STATOR_KIND_VALUE, &st));
     OK(stator_register(s, "counts", STATOR_KIND_VALUE, &st2));
@@ -653,6 +659,42 @@ static void test_reservations(void) {
     c = one(s);
     CHECK(c.status == STATOR_OK && c.value_len == 6 && memcmp(c.value, "mapval", 6) == 0);
 
+    /* A full queue leaves the reservation the caller's; `value` is never
+     * read (even a wild pointer). */
+    stator_session *small = open_session("c-tests", "reserve-full", 64);
+    uint32_t sst;
+    OK(stator_register(small, "v", STATOR_KIND_VALUE, &sst));
+    stator_value_buffer fb;
+    OK(stator_value_reserve(small, 8, &fb));
+    memcpy(fb.data, "retained", 8);
+    stator_request nop;
+    memset(&nop, 0, sizeof nop);
+    nop.opcode = STATOR_OP_NOP;
+    int queued = 0;
+    while (stator_submit(small, &nop, 1000) == STATOR_OK) queued++;
+    CHECK(queued > 0);
+    memset(&r, 0, sizeof r);
+    r.opcode = STATOR_OP_PUT;
+    r.state = sst;
+    r.key = (stator_bytes){(const uint8_t *)"fk", 2};
+    r.value = (stator_bytes){(const uint8_t *)(uintptr_t)8, 1 << 20};
+    CHECK_RC(stator_submit_reserved(small, &r, fb.id, 8, 7), STATOR_E_FULL);
+    stator_completion drain[64];
+    int reaped = 0;
+    OK(stator_flush(small));
+    while (reaped < queued) {
+        int32_t got = stator_reap(small, drain, 64);
+        CHECK(got >= 0);
+        if (got <= 0) OK(stator_wait(small, 2000));
+        else reaped += got;
+    }
+    OK(stator_submit_reserved(small, &r, fb.id, 8, 7));
+    CHECK(one(small).status == STATOR_OK);
+    OK(stator_get(small, sst, 0, (const uint8_t *)"fk", 2, NULL, 0, 8));
+    c = one(small);
+    CHECK(c.status == STATOR_OK && c.value_len == 8 && memcmp(c.value, "retained", 8) == 0);
+    OK(stator_free(small));
+
     /* Release, double release, NULL out, too large, and FULL. */
     OK(stator_value_reserve(s, 64, &b));
     OK(stator_value_release(s, b.id));
@@ -799,7 +841,17 @@ static void test_checkpoints_and_snapshots(void) {
     OK(stator_restore(s, &h, 1, &used, &layers));
     CHECK(used == 1);
     OK(stator_restore(s, &h, 1, NULL, NULL));
+    stator_bytes *many = calloc(4097, sizeof *many);
+    CHECK_RC(stator_restore(s, many, 4097, NULL, NULL), STATOR_E_INVALID_ARGUMENT);
+    free(many);
+    CHECK_RC(stator_restore(s, (const stator_bytes *)((char *)&h + 1), 1, NULL, NULL),
+             STATOR_E_INVALID_ARGUMENT);
     CHECK(count_values(s, st, 500) == 500);
+    /* An unbounded wait returns once a completion is there. */
+    OK(stator_get(s, st, 0, (const uint8_t *)"x", 1, NULL, 0, 99));
+    OK(stator_flush(s));
+    OK(stator_wait(s, -1));
+    CHECK(one(s).user_data == 99);
     OK(stator_free(s));
 
     /* Import the portable snapshot into another job, at parallelism 1. */
@@ -813,6 +865,8 @@ static void test_checkpoints_and_snapshots(void) {
     CHECK_RC(stator_import_snapshot(s, 1, give_chunk, &bad, &records), STATOR_E_CALLBACK);
     CHECK_RC(stator_import_snapshot(s, 2, lying_source, NULL, &records), STATOR_E_CALLBACK);
     CHECK_RC(stator_import_snapshot(s, 3, NULL, NULL, &records), STATOR_E_NULL);
+    struct chunks none = {.fail_at = -1}; /* no chunk at all: ends before the last */
+    CHECK_RC(stator_import_snapshot(s, 6, give_chunk, &none, &records), STATOR_E_PROTOCOL);
     /* A corrupted chunk is refused and nothing is installed. */
     uint8_t *saved = malloc(ex.len[0]);
     memcpy(saved, ex.data[0], ex.len[0]);
@@ -862,6 +916,61 @@ static void *wait_long(void *arg) {
     return NULL;
 }
 
+/* Every session function refuses `s` with `want` (NULL, a closed or a
+ * freed session), touching nothing. */
+static void every_call_refused(stator_session *s, int32_t want) {
+    uint64_t u64 = 0;
+    uint32_t a = 0, b = 0;
+    const uint8_t k[] = "k";
+    stator_request r;
+    memset(&r, 0, sizeof r);
+    r.opcode = STATOR_OP_NOP;
+    stator_completion c;
+    stator_value_buffer vb;
+    stator_bytes h = {k, 1};
+    uint8_t *slot = NULL;
+    CHECK_RC(stator_session_id(s, &u64), want);
+    CHECK_RC(stator_session_key_groups(s, &a, &b), want);
+    CHECK_RC(stator_in_flight(s), want);
+    CHECK_RC(stator_register(s, "v", STATOR_KIND_VALUE, &a), want);
+    CHECK_RC(stator_restore(s, &h, 1, NULL, NULL), want);
+    CHECK_RC(stator_submit(s, &r, 1), want);
+    CHECK_RC(stator_get(s, 0, 0, k, 1, NULL, 0, 1), want);
+    CHECK_RC(stator_put(s, 0, 0, k, 1, NULL, 0, k, 1, 1), want);
+    CHECK_RC(stator_delete(s, 0, 0, k, 1, NULL, 0, 1), want);
+    CHECK_RC(stator_list_append(s, 0, 0, k, 1, NULL, 0, k, 1, 1), want);
+    CHECK_RC(stator_list_get(s, 0, 0, k, 1, NULL, 0, 1), want);
+    CHECK_RC(stator_list_replace(s, 0, 0, k, 1, NULL, 0, NULL, 0, 1), want);
+    CHECK_RC(stator_map_get(s, 0, 0, k, 1, NULL, 0, k, 1, 1), want);
+    CHECK_RC(stator_map_put(s, 0, 0, k, 1, NULL, 0, k, 1, k, 1, 1), want);
+    CHECK_RC(stator_map_remove(s, 0, 0, k, 1, NULL, 0, k, 1, 1), want);
+    CHECK_RC(stator_map_contains(s, 0, 0, k, 1, NULL, 0, k, 1, 1), want);
+    CHECK_RC(stator_map_iter(s, 0, 0, k, 1, NULL, 0, STATOR_ITER_KEYS, NULL, 0, 1), want);
+    CHECK_RC(stator_clear(s, 0, 0, k, 1, NULL, 0, 1), want);
+    CHECK_RC(stator_checkpoint(s, 1, 1), want);
+    CHECK_RC(stator_checkpoint_notify(s, 1, STATOR_NOTIFY_ABORT, 1), want);
+    CHECK_RC(stator_flush(s), want);
+    CHECK_RC(stator_reap(s, &c, 1), want);
+    CHECK_RC(stator_wait(s, 0), want);
+    CHECK_RC(stator_event_fd(s), want);
+    CHECK_RC(stator_arm(s), want);
+    CHECK_RC(stator_disarm(s), want);
+    CHECK_RC(stator_value_reserve(s, 8, &vb), want);
+    r.opcode = STATOR_OP_PUT;
+    CHECK_RC(stator_submit_reserved(s, &r, 0, 1, 1), want);
+    CHECK_RC(stator_value_release(s, 0), want);
+    CHECK_RC(stator_chunk_slots(s), want);
+    CHECK_RC(stator_chunk_slot(s, 0, &slot), want);
+    CHECK_RC(stator_snapshot_export(s, 1, 1), want);
+    CHECK_RC(stator_chunk_release(s, 1, 0, 1), want);
+    CHECK_RC(stator_export_cancel(s, 1, 1), want);
+    CHECK_RC(stator_snapshot_import(s, 1, 0, 1), want);
+    CHECK_RC(stator_import_cancel(s, 1, 1), want);
+    CHECK_RC(stator_export_snapshot(s, 1, keep_chunk, NULL, NULL), want);
+    CHECK_RC(stator_import_snapshot(s, 1, give_chunk, NULL, NULL), want);
+    CHECK_RC(stator_close(s), want);
+}
+
 static void test_threads_and_close(void) {
     stator_session *s = open_session("c-tests", "threads", 0);
     struct waiter w = {s, 1};
@@ -878,16 +987,14 @@ static void test_threads_and_close(void) {
     CHECK(stator_in_flight(s) == 0);
 
     OK(stator_close(s));
-    uint32_t st;
-    CHECK_RC(stator_close(s), STATOR_E_CLOSED);
-    CHECK_RC(stator_register(s, "v", STATOR_KIND_VALUE, &st), STATOR_E_CLOSED);
-    CHECK_RC(stator_get(s, 0, 0, (const uint8_t *)"k", 1, NULL, 0, 1), STATOR_E_CLOSED);
-    stator_completion c;
-    CHECK_RC(stator_reap(s, &c, 1), STATOR_E_CLOSED);
-    CHECK_RC(stator_wait(s, 0), STATOR_E_CLOSED);
-    CHECK_RC(stator_event_fd(s), STATOR_E_CLOSED);
-    CHECK_RC(stator_arm(s), STATOR_E_CLOSED);
-    CHECK_RC(stator_chunk_slots(s), STATOR_E_CLOSED);
+    every_call_refused(s, STATOR_E_CLOSED);
+    every_call_refused(NULL, STATOR_E_NULL);
+    OK(stator_free(s));
+    /* A freed handle is marked: calls and a second free are refused. */
+    CHECK_RC(stator_flush(s), STATOR_E_INVALID_ARGUMENT);
+    CHECK_RC(stator_free(s), STATOR_E_INVALID_ARGUMENT);
+    /* Freeing an open session closes it. */
+    s = open_session("c-tests", "threads", 0);
     OK(stator_free(s));
 }
 

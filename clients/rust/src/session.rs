@@ -809,7 +809,7 @@ impl Session {
     /// the arena has no room: poll completions, then retry.
     pub fn reserve_value(&mut self, cap: u32) -> Result<Reservation, Error> {
         self.alive()?;
-        if cap as usize > self.mem.borrow_dependent().layout().arena.len {
+        if !self.alloc.could_ever_fit(&[cap]) {
             return Err(Error::TooLarge);
         }
         let b = self.alloc.alloc(cap.max(1)).ok_or(Error::Full)?;
@@ -863,6 +863,11 @@ impl Session {
         )
     }
 
+    /// The capacity of reservation `id` (`None`: not reserved).
+    pub fn reservation_cap(&self, id: u32) -> Option<u32> {
+        self.reserved.get(id as usize).map(|b| b.cap)
+    }
+
     /// Gives reservation `id` back unused.
     pub fn release_reserved(&mut self, id: u32) -> Result<(), Error> {
         let b = self
@@ -905,8 +910,10 @@ impl Session {
             (true, 0) => self.read_capacity as usize,
             (true, c) => c as usize,
         };
-        let arena_len = self.mem.borrow_dependent().layout().arena.len;
-        if in_len > u32::MAX as usize || in_len + out_len > arena_len {
+        if in_len > u32::MAX as usize
+            || out_len > u32::MAX as usize
+            || !self.alloc.could_ever_fit(&[in_len as u32, out_len as u32])
+        {
             return Err(Error::TooLarge);
         }
         let value = match src {
@@ -1086,11 +1093,14 @@ impl Session {
             if let (Ok(Status::Ok), Some(b)) = (status, inf.output)
                 && c.len <= b.cap
             {
+                // The allocator hands out buffers inside the arena and
+                // `len <= cap`: neither call below can fail (an early return
+                // here would lose a dequeued completion).
                 if in_place {
                     at = Some(
                         arena
                             .raw_range(b.off as usize, b.cap as usize)
-                            .map_err(io_err)?,
+                            .expect("the allocator gives buffers inside the arena"),
                     );
                 } else {
                     // Copied out: the daemon wrote it before publishing the
@@ -1098,7 +1108,7 @@ impl Session {
                     self.scratch.resize(c.len as usize, 0);
                     arena
                         .read_into(b.off as usize, &mut self.scratch)
-                        .map_err(io_err)?;
+                        .expect("the allocator gives buffers inside the arena");
                     value = Some(&self.scratch[..]);
                 }
             }
