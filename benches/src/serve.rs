@@ -204,6 +204,14 @@ struct Run {
     elapsed: Duration,
     hist: hdrhistogram::Histogram<u64>,
     errors: u64,
+    /// CPU time of the client thread(s).
+    cpu: Duration,
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(Duration::ZERO, Duration::from)
 }
 
 impl Run {
@@ -213,6 +221,12 @@ impl Run {
         self.elapsed += o.elapsed;
         self.hist.add(&o.hist).expect("same bounds");
         self.errors += o.errors;
+        self.cpu += o.cpu;
+    }
+
+    /// Client CPU nanoseconds per completed request.
+    fn cpu_ns_per_op(&self) -> f64 {
+        self.cpu.as_nanos() as f64 / self.ops.max(1) as f64
     }
 }
 
@@ -333,18 +347,20 @@ fn on_every_session<'v, C: Client + Send>(
             .collect()
     });
     let mut hist = histogram();
-    let (mut ops, mut errors, mut elapsed) = (0, 0, Duration::ZERO);
+    let (mut ops, mut errors, mut elapsed, mut cpu) = (0, 0, Duration::ZERO, Duration::ZERO);
     for x in runs {
         hist.add(&x.hist).expect("same bounds");
         ops += x.ops;
         errors += x.errors;
         elapsed = elapsed.max(x.elapsed);
+        cpu += x.cpu;
     }
     Run {
         ops,
         elapsed,
         hist,
         errors,
+        cpu,
     }
 }
 
@@ -360,6 +376,7 @@ fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
     let mut hist = histogram();
     let mut started: Slab<Instant> = Slab::with_capacity(depth);
     let (mut ops, mut errors) = (0u64, 0u64);
+    let cpu0 = thread_cpu();
     let t = Instant::now();
     let end = t + dur;
     let mut now = t;
@@ -390,6 +407,7 @@ fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
         now = Instant::now();
     }
     let elapsed = t.elapsed();
+    let cpu = thread_cpu().saturating_sub(cpu0);
     // Drain what is in flight (not counted).
     while !started.is_empty() {
         c.poll(|token, _| {
@@ -404,6 +422,7 @@ fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
         elapsed,
         hist,
         errors,
+        cpu,
     }
 }
 
@@ -564,11 +583,13 @@ pub fn run(a: ServeArgs) {
         } else {
             format!("get_depth{depth}_daemon")
         };
+        let rust_cpu = x.cpu_ns_per_op();
         let c = Case::new(SUITE, name, x.ops, x.elapsed)
             .latency(x.hist)
             .with("in_flight", depth)
             .with("sessions", sessions)
-            .with("client", "rust");
+            .with("client", "rust")
+            .with("client_cpu_ns_per_op", rust_cpu.round());
         r.case(&c);
         if let Some(y) = y {
             assert_eq!(
@@ -576,6 +597,7 @@ pub fn run(a: ServeArgs) {
                 "gets through the C ABI failed at depth {depth}"
             );
             let ratio = y.ops as f64 / y.elapsed.as_secs_f64() / c.ops_per_sec;
+            let c_cpu = y.cpu_ns_per_op();
             let cname = c.case.replace("_daemon", "_c_abi");
             r.case(
                 &Case::new(SUITE, cname, y.ops, y.elapsed)
@@ -583,6 +605,7 @@ pub fn run(a: ServeArgs) {
                     .with("in_flight", depth)
                     .with("sessions", sessions)
                     .with("client", "c")
+                    .with("client_cpu_ns_per_op", c_cpu.round())
                     .with("vs_rust", (ratio * 1000.0).round() / 1000.0),
             );
             // The ABI's cost: at most 10% of the Rust client's rate.

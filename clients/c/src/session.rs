@@ -310,33 +310,38 @@ impl Drop for Entered<'_> {
 /// session's one-thread-at-a-time flag, and turns a failure or a panic
 /// into a status code.
 pub(crate) fn with(s: *mut stator_session, f: impl FnOnce(&mut Inner) -> Res<i32>) -> i32 {
-    guard(|| {
-        // SAFETY: the caller passes NULL or a pointer from `stator_open`
-        // (each function's `# Safety`).
-        let e = unsafe { enter(s)? };
-        // SAFETY: the busy flag is ours until `e` drops, so nothing else
-        // touches `inner`; the reference ends before it does.
-        let inner = unsafe { &mut *e.0.inner.get() };
-        let Some(inner) = inner.as_mut() else {
-            return Err(Fail::arg("the stator_session was freed"));
-        };
-        if inner.poisoned {
-            return Err(Fail::new(
-                STATOR_E_PANIC,
-                "an earlier call on this session failed inside libstator; free it",
-            ));
+    // SAFETY: the caller passes NULL or a pointer from `stator_open`
+    // (each function's `# Safety`). `enter` does not panic.
+    let e = match unsafe { enter(s) } {
+        Ok(e) => e,
+        Err(f) => return f.report(),
+    };
+    // SAFETY: the busy flag is ours until `e` drops, so nothing else
+    // touches `inner`; the reference ends before it does.
+    let inner = unsafe { &mut *e.0.inner.get() };
+    let Some(inner) = inner.as_mut() else {
+        return Fail::arg("the stator_session was freed").report();
+    };
+    if inner.poisoned {
+        return Fail::new(
+            STATOR_E_PANIC,
+            "an earlier call on this session failed inside libstator; free it",
+        )
+        .report();
+    }
+    let inner: *mut Inner = inner;
+    // One catch_unwind per call (the hot path's only one): a panic poisons
+    // this session and becomes a status.
+    // SAFETY: as above; the closure's reference ends with it.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(unsafe { &mut *inner }))) {
+        Ok(Ok(v)) => v,
+        Ok(Err(f)) => f.report(),
+        Err(p) => {
+            // SAFETY: as above; the closure's reference is gone.
+            unsafe { (*inner).poisoned = true };
+            Fail::new(STATOR_E_PANIC, panic_message(&*p)).report()
         }
-        let inner: *mut Inner = inner;
-        // SAFETY: as above; the closure's reference ends with it.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(unsafe { &mut *inner }))) {
-            Ok(r) => r,
-            Err(p) => {
-                // SAFETY: as above; the closure's reference is gone.
-                unsafe { (*inner).poisoned = true };
-                Err(Fail::new(STATOR_E_PANIC, panic_message(&*p)))
-            }
-        }
-    })
+    }
 }
 
 fn with_session(s: *mut stator_session, f: impl FnOnce(&mut Session) -> Res<i32>) -> i32 {
@@ -741,31 +746,45 @@ struct Keyed {
     ns: stator_bytes,
 }
 
+/// Submits a keyed request built straight from a helper's arguments (no
+/// `stator_request` to parse: the opcode is the helper's own).
 fn keyed(
     session: *mut stator_session,
     k: Keyed,
     user_key: stator_bytes,
     value: stator_bytes,
     arg: u64,
-    flags: u32,
+    flags: u8,
     user_data: u64,
 ) -> i32 {
-    let r = stator_request {
-        opcode: k.op as u32,
-        state: k.state,
-        key_group: k.key_group,
-        flags,
-        key: k.key,
-        ns: k.ns,
-        user_key,
-        value,
-        capacity: 0,
-        arg2: 0,
-        arg,
-    };
-    // SAFETY: the helpers' callers promise their ranges as for
-    // `stator_submit`.
-    unsafe { stator_submit(session, &r, user_data) }
+    with_session(session, |s| {
+        let key_group = u16::try_from(k.key_group)
+            .map_err(|_| Fail::arg(format!("key group {} is over 65535", k.key_group)))?;
+        // SAFETY: the helpers' callers promise their ranges as for
+        // `stator_submit`.
+        let (key, namespace, user_key, value) = unsafe {
+            (
+                bytes(k.key.data, k.key.len, "key")?,
+                bytes(k.ns.data, k.ns.len, "ns")?,
+                bytes(user_key.data, user_key.len, "user_key")?,
+                bytes(value.data, value.len, "value")?,
+            )
+        };
+        let r = Request {
+            op: k.op,
+            state: k.state,
+            key_group,
+            key,
+            namespace,
+            user_key,
+            value,
+            capacity: 0,
+            arg,
+            arg2: 0,
+            flags,
+        };
+        submitted(s.submit(&r, user_data).map_err(Fail::from))
+    })
 }
 
 fn b(data: *const u8, len: usize) -> stator_bytes {
@@ -1137,7 +1156,7 @@ pub unsafe extern "C" fn stator_map_iter(
     let flags = if after.is_null() {
         0
     } else {
-        STATOR_FLAG_ITER_RESUME
+        STATOR_FLAG_ITER_RESUME as u8
     };
     let k = Keyed {
         op: Opcode::MapIter,

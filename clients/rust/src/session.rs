@@ -1102,6 +1102,11 @@ impl Session {
                             .raw_range(b.off as usize, b.cap as usize)
                             .expect("the allocator gives buffers inside the arena"),
                     );
+                    // The caller reads it after the whole batch: start the
+                    // cross-core misses now, so they overlap across it.
+                    for line in (0..(c.len as usize).min(256)).step_by(64) {
+                        arena.prefetch(b.off as usize + line, false);
+                    }
                 } else {
                     // Copied out: the daemon wrote it before publishing the
                     // completion; the copy keeps shared memory out of `&[u8]`.
