@@ -416,18 +416,20 @@ fn portable_snapshots_stream_rescale_migrate_and_refuse_bad_chunks() {
     assert!(run(&mut s, &st.get(kg(2), &kb2)).unwrap().value == Some(big(2)));
 
     // kill -9 after half the chunks of an import: nothing of it installed.
-    fn imports(dir: &std::path::Path) -> usize {
+    fn imports(dir: &std::path::Path) -> std::collections::BTreeSet<std::path::PathBuf> {
         std::fs::read_dir(dir)
             .unwrap()
             .flatten()
-            .map(|e| {
+            .flat_map(|e| {
                 if e.path().is_dir() {
                     imports(&e.path())
+                } else if e.file_name().to_string_lossy().starts_with("imp-") {
+                    [e.path()].into()
                 } else {
-                    e.file_name().to_string_lossy().starts_with("imp-") as usize
+                    Default::default()
                 }
             })
-            .sum()
+            .collect()
     }
     let before = imports(&tmp.path().join("data"));
     for (k, c) in chunks[..3].iter().enumerate() {
@@ -446,11 +448,15 @@ fn portable_snapshots_stream_rescale_migrate_and_refuse_bad_chunks() {
     let st = ValueState(s.register("v", Kind::Value).unwrap());
     let got = run(&mut s, &st.get(kg(1), &kb)).unwrap();
     assert_eq!(got.value.as_deref(), Some(&b"later"[..]));
-    // Import files still named by the layer list (the imports above) stay;
-    // the cut import's are gone.
-    assert_eq!(
-        imports(&tmp.path().join("data")),
-        before,
-        "a cut import left files"
+    // The cut import's files are gone. (Earlier import files may be gone
+    // too: one a compaction merged away is deleted when nothing names it
+    // any more, which may happen at this restart.)
+    // What the earlier imports installed is still there.
+    assert!(run(&mut s, &st.get(kg(2), &kb2)).unwrap().value == Some(big(2)));
+    let after = imports(&tmp.path().join("data"));
+    assert!(
+        after.is_subset(&before),
+        "a cut import left files: {:?}",
+        after.difference(&before).collect::<Vec<_>>()
     );
 }
