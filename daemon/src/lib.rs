@@ -6,13 +6,16 @@
 //!   opened, states registered and sessions closed there, and a connection
 //!   that closes drops its session;
 //! - [`shard`]: the shard threads, each with its own io_uring and store,
-//!   serving the sessions pinned to it through shared memory.
+//!   serving the sessions pinned to it through shared memory;
+//! - [`notify`]: systemd's notification protocol (`READY=1`, `STATUS=`,
+//!   `WATCHDOG=1` while every shard loop moves, `STOPPING=1`).
 //!
 //! [`Daemon::start`] brings it all up; [`Daemon::stop`] drains it. The
 //! binary adds flags, logging and signals around them.
 
 pub mod config;
 pub mod control;
+pub mod notify;
 pub mod shard;
 
 use std::os::unix::fs::PermissionsExt;
@@ -28,7 +31,7 @@ use stator_store::io::UringIo;
 
 use crate::config::Config;
 use crate::control::{Ctx, Registry};
-use crate::shard::{Shard, ShardHandle, ShardMsg, ShardStats};
+use crate::shard::{Live, Shard, ShardHandle, ShardMsg, ShardStats};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +93,8 @@ impl Daemon {
             let b = bell.clone();
             let reg = registry.clone();
             let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+            let live = Arc::new(Live::default());
+            let l = live.clone();
             // The store is the shard thread's own (it is not Send): it is
             // opened there, and the outcome reported back.
             let j = std::thread::Builder::new()
@@ -108,7 +113,9 @@ impl Daemon {
                             }
                             tracing::info!(shard = i, dir = %dir.display(), segments = report.segments, "store opened");
                             let _ = ready_tx.send(Ok(()));
-                            Shard::new(i, store, rx, b, (spin, batch), reg).run()
+                            Shard::new(i, store, rx, b, (spin, batch), reg)
+                                .with_live(l)
+                                .run()
                         }
                         Err(m) => {
                             let _ = ready_tx.send(Err(m));
@@ -131,7 +138,7 @@ impl Daemon {
                 }
             }
             shards.push(j);
-            handles.push(ShardHandle { tx, bell });
+            handles.push(ShardHandle { tx, bell, live });
         }
 
         let listener =
@@ -171,6 +178,17 @@ impl Daemon {
     /// Open sessions.
     pub fn sessions(&self) -> usize {
         self.ctx.sessions.load(Ordering::Acquire)
+    }
+
+    /// Reads the open sessions from another thread.
+    pub fn session_count(&self) -> impl Fn() -> usize + Send + 'static {
+        let c = self.ctx.clone();
+        move || c.sessions.load(Ordering::Acquire)
+    }
+
+    /// Each shard's published liveness and counters.
+    pub fn shards_live(&self) -> Vec<Arc<Live>> {
+        self.ctx.shards.iter().map(|h| h.live.clone()).collect()
     }
 
     /// Stops accepting sessions, answers what is in flight, flushes every

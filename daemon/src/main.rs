@@ -10,6 +10,7 @@ use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use statord::Daemon;
 use statord::config::Config;
+use statord::notify::Notifier;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -114,8 +115,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // READY=1 now that the socket listens and the stores are open; the
+    // notifier refreshes STATUS= and pings the watchdog while shards move.
+    let notifier = Notifier::start(daemon.shards_live(), daemon.session_count());
     let sig = sigs.wait();
     tracing::info!(signal = ?sig, sessions = daemon.sessions(), "stopping");
+    if let Some(n) = notifier {
+        n.stopping();
+    }
     let stats = daemon.stop();
     tracing::info!(?stats, "stopped");
     ExitCode::SUCCESS

@@ -18,6 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,19 @@ pub struct SessionFds {
 pub struct ShardHandle {
     pub tx: Sender<ShardMsg>,
     pub bell: Arc<Doorbell>,
+    pub live: Arc<Live>,
+}
+
+/// What a shard publishes about itself while it runs, for the watchdog and
+/// the status line: written by the shard thread only.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Loop iterations: it moves at least once a second while the shard
+    /// lives (an idle shard wakes each second), and stops when the shard
+    /// is stuck.
+    pub beat: AtomicU64,
+    /// Requests served so far.
+    pub requests: AtomicU64,
 }
 
 impl ShardHandle {
@@ -269,6 +283,8 @@ pub struct Shard {
     chunk: Vec<u8>,
     stopping: bool,
     pub stats: ShardStats,
+    /// Published for the watchdog and the status line.
+    live: Arc<Live>,
 }
 
 fn status_of(e: &StoreError) -> Status {
@@ -421,14 +437,27 @@ impl Shard {
             chunk: Vec::new(),
             stopping: false,
             stats: ShardStats::default(),
+            live: Arc::default(),
         }
+    }
+
+    /// Publishes liveness and counters into `live` while it runs.
+    pub fn with_live(mut self, live: Arc<Live>) -> Shard {
+        self.live = live;
+        self
     }
 
     /// Runs until `Shutdown`: then answers what is in flight, flushes the
     /// store so that state written so far survives a restart, and returns.
     pub fn run(mut self) -> ShardStats {
         let mut idle_since: Option<Instant> = None;
+        let mut beat = 0u64;
         loop {
+            beat += 1;
+            self.live.beat.store(beat, Ordering::Relaxed);
+            self.live
+                .requests
+                .store(self.stats.requests, Ordering::Relaxed);
             self.control();
             if self.stopping {
                 self.finish();
