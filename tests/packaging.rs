@@ -43,5 +43,8 @@ fn the_unit_file_verifies_cleanly() {
         .output()
         .expect("run systemd-analyze (Debian's systemd package; .ci/run installs it)");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && err.trim().is_empty(), "systemd-analyze verify: {err}");
+    assert!(
+        out.status.success() && err.trim().is_empty(),
+        "systemd-analyze verify: {err}"
+    );
 }
