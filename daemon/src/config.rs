@@ -28,6 +28,9 @@ pub struct Config {
     pub spin_us: u64,
     /// Open sessions at most, over all shards.
     pub max_sessions: usize,
+    /// Log filter (`tracing-subscriber` syntax: `info`, `warn,statord=debug`).
+    /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it.
+    pub log: String,
     pub session: SessionLimits,
 }
 
@@ -70,6 +73,7 @@ impl Default for Config {
             allowed_uids: Vec::new(),
             spin_us: 50,
             max_sessions: 1024,
+            log: "info".into(),
             session: SessionLimits::default(),
         }
     }
@@ -115,6 +119,41 @@ fn queue_ok(n: u32) -> bool {
 }
 
 impl Config {
+    /// The keys whose values differ in `new` and take effect only at a
+    /// restart (every key but `log`).
+    pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
+        let (a, b) = (&self.session, &new.session);
+        [
+            ("data_dir", self.data_dir != new.data_dir),
+            ("run_dir", self.run_dir != new.run_dir),
+            ("shards", self.shards != new.shards),
+            (
+                "memory_budget_mib",
+                self.memory_budget_mib != new.memory_budget_mib,
+            ),
+            ("memtable_mib", self.memtable_mib != new.memtable_mib),
+            ("allowed_uids", self.allowed_uids != new.allowed_uids),
+            ("spin_us", self.spin_us != new.spin_us),
+            ("max_sessions", self.max_sessions != new.max_sessions),
+            ("session.sq_entries", a.sq_entries != b.sq_entries),
+            ("session.cq_entries", a.cq_entries != b.cq_entries),
+            ("session.max_entries", a.max_entries != b.max_entries),
+            ("session.arena_mib", a.arena_mib != b.arena_mib),
+            ("session.max_arena_mib", a.max_arena_mib != b.max_arena_mib),
+            ("session.max_in_flight", a.max_in_flight != b.max_in_flight),
+            ("session.max_states", a.max_states != b.max_states),
+            ("session.batch", a.batch != b.batch),
+            ("session.chunk_slots", a.chunk_slots != b.chunk_slots),
+            (
+                "session.max_chunk_slots",
+                a.max_chunk_slots != b.max_chunk_slots,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, changed)| changed.then_some(k))
+        .collect()
+    }
+
     /// Reads a TOML file over the defaults.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
@@ -135,6 +174,9 @@ impl Config {
     /// Checks every key; fills in the automatic values (shards, budget,
     /// allowed uids). Returns the configuration the daemon runs with.
     pub fn resolve(mut self) -> Result<Config, ConfigError> {
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
+            return Err(invalid("log", format!("not a log filter: {e}")));
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if self.shards == 0 {
             self.shards = cores.saturating_sub(1).max(1);

@@ -1,7 +1,10 @@
 //! `statord`: runs in the foreground, logs to stderr, stops cleanly on
 //! SIGTERM or SIGINT (no new sessions, in-flight requests answered, stores
-//! flushed, exit 0). With no arguments it runs on the embedded default
-//! configuration (data under `./stator-data`, sockets under `./stator-run`).
+//! flushed, exit 0), re-reads its configuration on SIGHUP (the log filter
+//! changes; other keys wait for a restart, and say so), and speaks
+//! systemd's notification protocol when `NOTIFY_SOCKET` is set. With no
+//! arguments it runs on the embedded default configuration (data under
+//! `./stator-data`, sockets under `./stator-run`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +14,9 @@ use nix::sys::signal::{SigSet, Signal};
 use statord::Daemon;
 use statord::config::Config;
 use statord::notify::Notifier;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, reload};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -77,17 +83,20 @@ fn config(a: &Args) -> Result<Config, String> {
     c.resolve().map_err(|e| e.to_string())
 }
 
+/// The log filter: `STATOR_LOG`, else `RUST_LOG`, else the config's `log`.
+/// `Some(var)` when an environment variable decided it.
+fn log_filter(cfg: &Config) -> (EnvFilter, Option<&'static str>) {
+    for var in ["STATOR_LOG", "RUST_LOG"] {
+        if let Ok(f) = EnvFilter::try_from_env(var) {
+            return (f, Some(var));
+        }
+    }
+    (EnvFilter::new(&cfg.log), None)
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("STATOR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let args = Args::parse();
-    let cfg = match config(&args) {
+    let mut cfg = match config(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("statord: {e}");
@@ -98,17 +107,28 @@ fn main() -> ExitCode {
         println!("{cfg:#?}");
         return ExitCode::SUCCESS;
     }
+    let (filter, from_env) = log_filter(&cfg);
+    let (filter, log_handle) = reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .init();
     // Signals are taken synchronously by this thread: block them before
     // any other thread exists, so every thread inherits the mask.
     let mut sigs = SigSet::empty();
     sigs.add(Signal::SIGTERM);
     sigs.add(Signal::SIGINT);
+    sigs.add(Signal::SIGHUP);
     if let Err(e) = sigs.thread_block() {
         eprintln!("statord: cannot block signals: {e}");
         return ExitCode::FAILURE;
     }
     raise_open_file_limit();
-    let daemon = match Daemon::start(cfg) {
+    let daemon = match Daemon::start(cfg.clone()) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("statord: {e}");
@@ -118,7 +138,12 @@ fn main() -> ExitCode {
     // READY=1 now that the socket listens and the stores are open; the
     // notifier refreshes STATUS= and pings the watchdog while shards move.
     let notifier = Notifier::start(daemon.shards_live(), daemon.session_count());
-    let sig = sigs.wait();
+    let sig = loop {
+        match sigs.wait() {
+            Ok(Signal::SIGHUP) => reload(&args, &mut cfg, from_env, &log_handle),
+            other => break other,
+        }
+    };
     tracing::info!(signal = ?sig, sessions = daemon.sessions(), "stopping");
     if let Some(n) = notifier {
         n.stopping();
@@ -126,6 +151,47 @@ fn main() -> ExitCode {
     let stats = daemon.stop();
     tracing::info!(?stats, "stopped");
     ExitCode::SUCCESS
+}
+
+/// SIGHUP: re-reads the configuration (file, then flags). The log filter
+/// changes now; every other changed key is named as waiting for a
+/// restart. An invalid file changes nothing.
+fn reload<S>(
+    args: &Args,
+    running: &mut Config,
+    from_env: Option<&'static str>,
+    log: &reload::Handle<EnvFilter, S>,
+) {
+    let Some(file) = &args.config else {
+        tracing::info!("SIGHUP: statord runs without --config; nothing to reload");
+        return;
+    };
+    let new = match config(args) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(file = %file.display(), error = %e, "SIGHUP: configuration not reloaded; statord runs on as it was");
+            return;
+        }
+    };
+    for key in running.restart_needed(&new) {
+        tracing::warn!(
+            key,
+            "SIGHUP: this key changed; it takes effect at the next restart"
+        );
+    }
+    if new.log != running.log {
+        match from_env {
+            Some(var) => tracing::warn!(
+                var,
+                "SIGHUP: the log filter comes from the environment; `log` is not applied"
+            ),
+            None => match log.reload(EnvFilter::new(&new.log)) {
+                Ok(()) => running.log = new.log.clone(),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: cannot change the log filter"),
+            },
+        }
+    }
+    tracing::info!(file = %file.display(), log = %running.log, "configuration reloaded");
 }
 
 /// Segments, their restored references and sessions each hold a file

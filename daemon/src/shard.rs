@@ -237,6 +237,8 @@ struct Pending {
     user_data: u64,
     op: Opcode,
     out: Out,
+    /// The request's `arg` (a checkpoint's id, for its log line).
+    arg: u64,
 }
 
 /// A validated request of the current batch; byte ranges index `scratch`.
@@ -802,6 +804,7 @@ impl Shard {
     /// Delivers store completions. True if any.
     fn reap(&mut self) -> bool {
         let Shard {
+            id,
             store,
             sessions,
             by_id,
@@ -809,8 +812,23 @@ impl Shard {
             ..
         } = self;
         let mut orphans: Vec<Vec<u8>> = Vec::new();
+        let shard = *id;
         let n = store.poll(|tok, res| {
             let p = pending.remove(tok as usize);
+            // One log line per checkpoint and per installed import (never
+            // one per request).
+            match (p.op, &res) {
+                (Opcode::Checkpoint, Ok(_)) => {
+                    tracing::info!(shard, session = p.session, checkpoint = p.arg, "checkpoint taken")
+                }
+                (Opcode::Checkpoint, Err(e)) => {
+                    tracing::warn!(shard, session = p.session, checkpoint = p.arg, error = %e, "checkpoint failed")
+                }
+                (Opcode::SnapshotImport, Ok(Output::Imported(i))) => {
+                    tracing::info!(shard, session = p.session, import = p.arg, records = i.records, "snapshot imported")
+                }
+                _ => {}
+            }
             let Some(&slot) = by_id.get(&p.session) else {
                 // A checkpoint whose session closed before it completed:
                 // no one holds its handle, so it can never be completed.
@@ -1074,6 +1092,7 @@ fn run_batch(
             user_data: it.user_data,
             op: it.op,
             out: it.out,
+            arg: 0,
         }) as u64);
     }
     let sc = &scratch[..];
@@ -1291,6 +1310,7 @@ fn checkpoint_op(
         user_data: v.user_data,
         op: v.op,
         out,
+        arg: v.arg,
     });
     let spec = CheckpointSpec {
         owner: owner.to_vec(),
@@ -1451,6 +1471,7 @@ fn snapshot_op(
                 user_data: v.user_data,
                 op: v.op,
                 out: Out::None,
+                arg: v.arg,
             });
             // The states the snapshot names become (or are) states of this
             // operator, by name and kind, registered together.
