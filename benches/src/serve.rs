@@ -215,7 +215,8 @@ fn thread_cpu() -> Duration {
 }
 
 impl Run {
-    /// Adds another run of the same point (ops and time add up).
+    /// Adds a run of the same point that came after this one (ops and time
+    /// add up).
     fn merge(&mut self, o: Run) {
         self.ops += o.ops;
         self.elapsed += o.elapsed;
@@ -346,22 +347,15 @@ fn on_every_session<'v, C: Client + Send>(
             .map(|h| h.join().expect("client thread"))
             .collect()
     });
-    let mut hist = histogram();
-    let (mut ops, mut errors, mut elapsed, mut cpu) = (0, 0, Duration::ZERO, Duration::ZERO);
+    // The clients ran at once: counts add up, the time is the longest.
+    let mut runs = runs.into_iter();
+    let mut all = runs.next().expect("one client at least");
     for x in runs {
-        hist.add(&x.hist).expect("same bounds");
-        ops += x.ops;
-        errors += x.errors;
-        elapsed = elapsed.max(x.elapsed);
-        cpu += x.cpu;
+        let elapsed = all.elapsed.max(x.elapsed);
+        all.merge(x);
+        all.elapsed = elapsed;
     }
-    Run {
-        ops,
-        elapsed,
-        hist,
-        errors,
-        cpu,
-    }
+    all
 }
 
 fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {

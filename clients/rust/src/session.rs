@@ -1036,22 +1036,13 @@ impl Session {
     }
 
     /// Delivers every completion ready now to `f`; returns how many.
-    pub fn poll(&mut self, f: impl FnMut(Completion<'_>)) -> Result<usize, Error> {
-        self.poll_n(usize::MAX, f)
+    pub fn poll(&mut self, mut f: impl FnMut(Completion<'_>)) -> Result<usize, Error> {
+        self.poll_inner(usize::MAX, false, |c, _| f(c))
     }
 
-    /// Delivers at most `max` of the completions ready now to `f`; returns
-    /// how many.
-    pub fn poll_n(
-        &mut self,
-        max: usize,
-        mut f: impl FnMut(Completion<'_>),
-    ) -> Result<usize, Error> {
-        self.poll_inner(max, false, |c, _| f(c))
-    }
-
-    /// Like [`Session::poll_n`], for a caller that reads results in place
-    /// (the C ABI): a completion's `value` is `None`, and its result, when
+    /// Like [`Session::poll`], for a caller that reads results in place
+    /// (the C ABI), and at most `max` of them: a completion's `value` is
+    /// `None`, and its result, when
     /// there is one, lies at the pointer `f` gets (`len` bytes, in the
     /// shared arena). Those buffers stay the caller's to read until the
     /// next poll of any kind, which frees them; nothing else writes them
@@ -1164,13 +1155,8 @@ impl Session {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         loop {
-            let avail = self.mem.with_dependent_mut(|_, ring| ring.cq.available());
-            match avail {
-                Ok(n) if n > 0 => return Ok(()),
-                Ok(_) => {}
-                Err(e) => {
-                    return Err(self.kill(format!("the completion queue is inconsistent: {e}")));
-                }
+            if self.ready()? > 0 {
+                return Ok(());
             }
             if start.elapsed() < self.spin {
                 std::hint::spin_loop();
