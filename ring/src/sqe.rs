@@ -70,8 +70,12 @@ pub mod sqe_flags {
     pub const BUFFER_SELECT: u8 = 1 << 0;
     /// Map iterate: resume after the user key in `user_key`.
     pub const ITER_RESUME: u8 = 1 << 1;
+    /// Snapshot export: export what the checkpoints whose handles `value`
+    /// holds (back to back) hold of the session's key groups, instead of
+    /// its live state. The live state is not touched.
+    pub const FROM_CHECKPOINTS: u8 = 1 << 2;
     /// Every defined bit.
-    pub const ALL: u8 = BUFFER_SELECT | ITER_RESUME;
+    pub const ALL: u8 = BUFFER_SELECT | ITER_RESUME | FROM_CHECKPOINTS;
 }
 
 /// Map iteration modes (`arg` of [`Opcode::MapIter`]).
@@ -257,6 +261,9 @@ impl Sqe {
         if op == Opcode::MapIter {
             allowed |= sqe_flags::ITER_RESUME;
         }
+        if op == Opcode::SnapshotExport {
+            allowed |= sqe_flags::FROM_CHECKPOINTS;
+        }
         if self.flags & !allowed != 0 {
             return Err(SqeError::BadFlags {
                 op,
@@ -294,7 +301,9 @@ impl Sqe {
         let buffer_select = self.flags & sqe_flags::BUFFER_SELECT != 0;
         // `value` is an input, or the explicit result buffer of an output op
         // without BUFFER_SELECT.
-        let value_used = fields.value_in || (fields.output && !buffer_select);
+        let value_used = fields.value_in
+            || (fields.output && !buffer_select)
+            || self.flags & sqe_flags::FROM_CHECKPOINTS != 0;
         let value = resolve("value", self.value, value_used)?;
         if fields.output && !buffer_select && value.len == 0 {
             return Err(SqeError::NoOutput { op });

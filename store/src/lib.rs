@@ -43,7 +43,7 @@ mod store;
 pub use error::StoreError;
 pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
 pub use store::{
-    CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS,
-    MAX_VALUE_LEN, MemoryUsage, Notify, RecoveryReport, RestoreSpec, Restored, RestoredManifest,
-    Store, StoreConfig, StoreStats,
+    CheckpointInfo, CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, Imported,
+    MAX_EXPORTS, MAX_IMPORTS, MAX_VALUE_LEN, MemoryUsage, Notify, RecoveryReport, RestoreSpec,
+    Restored, RestoredManifest, Store, StoreConfig, StoreStats,
 };

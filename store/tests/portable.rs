@@ -5,11 +5,12 @@
 
 mod common;
 
-use common::{Owned, export_chunks, import_chunks, run, settle_fully};
+use common::{Owned, checkpoint, export_chunks, fill_chunks, import_chunks, run, settle_fully};
 use stator_store::io::SyncIo;
 use stator_store::snapshot::{CHUNK_LEN, ChunkDecoder, HEADER_LEN, StateDesc, encode_states};
 use stator_store::{
-    ExportSpec, ImportSpec, ImportStep, KeyRef, Op, StateKind, Store, StoreConfig, StoreError,
+    CheckpointSpec, ExportSpec, ImportSpec, ImportStep, KeyRef, Op, StateKind, Store, StoreConfig,
+    StoreError,
 };
 
 const OWNER: &[u8] = b"job\0op";
@@ -244,5 +245,79 @@ fn bad_snapshots_and_a_crash_mid_import_change_nothing() {
     assert_eq!(
         value(&mut s, 1, 1, &5u32.to_be_bytes()),
         Some(vec![7u8; 3000])
+    );
+}
+
+/// A checkpoint exports as it was taken, whatever was written since, and
+/// the live state is left alone; a handle of another owner, or a key group
+/// held by two handles, starts nothing.
+#[test]
+fn a_checkpoint_exports_as_taken_and_leaves_the_live_state_alone() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path());
+    let key = |k: u32| k.to_be_bytes();
+    for k in 0..200u32 {
+        run(
+            &mut s,
+            Op::Put(kr((k % 4) as u16, 1, &key(k)), format!("old{k}").as_bytes()),
+        )
+        .unwrap();
+    }
+    let spec = |id| CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: 3,
+        states: vec![1],
+        meta: Vec::new(),
+    };
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    // Half of it overwritten and flushed, a quarter deleted after it.
+    for k in 0..100u32 {
+        run(
+            &mut s,
+            Op::Put(kr((k % 4) as u16, 1, &key(k)), format!("new{k}").as_bytes()),
+        )
+        .unwrap();
+    }
+    s.flush();
+    settle_fully(&mut s);
+    for k in 100..150u32 {
+        run(&mut s, Op::Delete(kr((k % 4) as u16, 1, &key(k)))).unwrap();
+    }
+    let id = s
+        .export_checkpoints(export_spec(0, 3, vec![desc(1, "a")]), &[&h])
+        .unwrap();
+    let chunks = fill_chunks(&mut s, id, CHUNK_LEN).unwrap();
+    // The live state is as written after the checkpoint.
+    for k in [0u32, 99, 120, 199] {
+        let want = match k {
+            0..100 => Some(format!("new{k}")),
+            100..150 => None,
+            _ => Some(format!("old{k}")),
+        };
+        assert_eq!(
+            value(&mut s, (k % 4) as u16, 1, &key(k)),
+            want.map(String::into_bytes)
+        );
+    }
+    // Importing the export brings back the checkpoint exactly.
+    let r = import_chunks(&mut s, import_spec(0, 3, vec![1]), &chunks, &[(b"a", 1)]).unwrap();
+    assert_eq!(r.records, 200);
+    for k in 0..200u32 {
+        assert_eq!(
+            value(&mut s, (k % 4) as u16, 1, &key(k)),
+            Some(format!("old{k}").into_bytes()),
+            "key {k}"
+        );
+    }
+    let mut foreign = export_spec(0, 3, vec![desc(1, "a")]);
+    foreign.owner = b"other\0op".to_vec();
+    assert!(s.export_checkpoints(foreign, &[&h]).is_err());
+    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    assert!(
+        s.export_checkpoints(export_spec(0, 3, vec![desc(1, "a")]), &[&h, &h2])
+            .is_err(),
+        "two handles holding the same key groups"
     );
 }

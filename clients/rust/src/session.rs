@@ -179,6 +179,19 @@ impl<'a> Request<'a> {
         }
     }
 
+    /// Like [`Request::snapshot_export`], but of what retained checkpoints
+    /// of this session's operator hold of its key groups: `handles` are
+    /// their handles back to back (24 bytes each). The live state is left
+    /// as it is.
+    pub fn snapshot_export_checkpoints(snapshot_id: u64, handles: &'a [u8]) -> Request<'a> {
+        Request {
+            arg: snapshot_id,
+            value: handles,
+            flags: sqe_flags::FROM_CHECKPOINTS,
+            ..Request::new(Opcode::SnapshotExport, 0, 0, b"")
+        }
+    }
+
     /// Hands chunk slot `slot` to export `snapshot_id`: it completes when
     /// the slot holds the next chunk (`len` bytes, `last` on the last one;
     /// `NotFound` once the export has ended).
@@ -605,6 +618,30 @@ impl Session {
     pub fn export_snapshot(
         &mut self,
         snapshot_id: u64,
+        sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<u32, Error> {
+        self.export_with(Request::snapshot_export(snapshot_id), sink)
+    }
+
+    /// Exports what the retained checkpoints `handles` of this session's
+    /// operator hold of its key groups, as snapshot `snapshot_id`, the way
+    /// [`Session::export_snapshot`] does; the live state is left as it is.
+    pub fn export_checkpoints(
+        &mut self,
+        snapshot_id: u64,
+        handles: &[&[u8]],
+        sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<u32, Error> {
+        let joined = handles.concat();
+        self.export_with(
+            Request::snapshot_export_checkpoints(snapshot_id, &joined),
+            sink,
+        )
+    }
+
+    fn export_with(
+        &mut self,
+        start: Request<'_>,
         mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Result<u32, Error> {
         if self.in_flight() > 0 || self.chunk_slots() == 0 {
@@ -612,8 +649,9 @@ impl Session {
                 "export_snapshot needs an idle session with chunk slots".into(),
             ));
         }
+        let snapshot_id = start.arg;
         const START: u64 = u64::MAX;
-        self.submit(&Request::snapshot_export(snapshot_id), START)?;
+        self.submit(&start, START)?;
         self.flush()?;
         self.wait_one(START)?;
         for slot in 0..self.chunk_slots() {
@@ -898,9 +936,11 @@ impl Session {
             )));
         }
         let fields = r.op.fields();
+        // A checkpoint export's handles travel as its value.
+        let value_in = fields.value_in || r.flags & sqe_flags::FROM_CHECKPOINTS != 0;
         let value_len = match &src {
             ValueSrc::Writer(n, _) => *n as usize,
-            ValueSrc::Slice if fields.value_in => r.value.len(),
+            ValueSrc::Slice if value_in => r.value.len(),
             ValueSrc::Slice | ValueSrc::Reserved(..) => 0,
         };
         let in_len = r.key.len() + r.namespace.len() + r.user_key.len() + value_len;
@@ -988,7 +1028,7 @@ impl Session {
                         sqe.value = BufRef::new(at, w.pos as u32);
                     }
                 }
-                ValueSrc::Slice if fields.value_in => sqe.value = put(r.value),
+                ValueSrc::Slice if value_in => sqe.value = put(r.value),
                 ValueSrc::Slice | ValueSrc::Reserved(..) => {}
             }
         }

@@ -77,10 +77,31 @@ pub enum Notify {
     Subsume,
 }
 
+/// A retained checkpoint, as operators see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Manifest number (its file name).
+    pub seq: u64,
+    /// Whose state (the daemon: `job \0 operator`).
+    pub owner: Vec<u8>,
+    pub checkpoint_id: u64,
+    /// Key groups `lo..=hi`.
+    pub lo: u16,
+    pub hi: u16,
+    /// The handle a restore presents.
+    pub handle: [u8; manifest::HANDLE_LEN],
+    /// Segment files it names (and keeps).
+    pub segments: usize,
+    /// The engine said it completed.
+    pub completed: bool,
+}
+
 /// A retained manifest.
 struct Retained {
     owner: Vec<u8>,
     checkpoint_id: u64,
+    lo: u16,
+    hi: u16,
     crc: u32,
     files: Vec<String>,
     /// Completed (the engine said so; remembered in a marker file).
@@ -149,6 +170,8 @@ impl Checkpoints {
                         Retained {
                             owner: m.owner,
                             checkpoint_id: m.checkpoint_id,
+                            lo: m.lo,
+                            hi: m.hi,
                             crc,
                             files: m.layers.into_iter().map(|l| l.name).collect(),
                             completed: dir.join(manifest::completed_name(seq)).exists(),
@@ -197,6 +220,27 @@ impl Checkpoints {
     /// Retained manifests and checkpoints in progress.
     pub(super) fn counts(&self) -> (usize, usize) {
         (self.retained.len(), self.pending.len())
+    }
+
+    /// Every retained checkpoint, oldest first.
+    pub(super) fn list(&self) -> Vec<CheckpointInfo> {
+        self.retained
+            .iter()
+            .map(|(&seq, r)| CheckpointInfo {
+                seq,
+                owner: r.owner.clone(),
+                checkpoint_id: r.checkpoint_id,
+                lo: r.lo,
+                hi: r.hi,
+                handle: Handle {
+                    seq,
+                    manifest_crc: r.crc,
+                }
+                .encode(),
+                segments: r.files.len(),
+                completed: r.completed,
+            })
+            .collect()
     }
 }
 
@@ -457,6 +501,8 @@ impl<I: Io> Store<I> {
                     Retained {
                         owner: m.owner,
                         checkpoint_id: m.checkpoint_id,
+                        lo: m.lo,
+                        hi: m.hi,
                         crc: p.crc,
                         files: m.layers.into_iter().map(|l| l.name).collect(),
                         completed: false,
@@ -671,44 +717,51 @@ impl<I: Io> Store<I> {
         Ok(k.another_layer(id, file))
     }
 
-    /// Replaces `spec.owner`'s state in key groups `spec.lo..=spec.hi` by
-    /// what the checkpoints `handles` hold of those key groups (any
-    /// parallelism: rescale is a restore from several handles, or of a part
-    /// of one). Every handle and segment is checked before anything
-    /// changes; a refused restore leaves the store as it was. The segments
-    /// are referenced, not copied. Synchronous: reads the manifests and
-    /// each segment's footer, and writes the layer list.
-    pub fn restore(
-        &mut self,
-        spec: RestoreSpec<'_>,
+    /// The manifests of `handles` (checked: `owner`'s, retained, intact),
+    /// each once, refused when two hold the same key group of `lo..=hi`.
+    pub(super) fn checkpoint_manifests(
+        &self,
+        owner: &[u8],
         handles: &[&[u8]],
-    ) -> Result<Restored, StoreError> {
-        if spec.lo > spec.hi {
-            return Err(StoreError::Invalid("key-group range with lo > hi"));
-        }
+        lo: u16,
+        hi: u16,
+    ) -> Result<Vec<Manifest>, StoreError> {
         let mut manifests: Vec<Manifest> = Vec::new();
         for h in handles {
-            let m = self.manifest_for(h, spec.owner)?;
+            let m = self.manifest_for(h, owner)?;
             if manifests.iter().any(|o| o.seq == m.seq) {
                 continue;
             }
             // Key groups this checkpoint contributes to the range.
-            let part = |m: &Manifest| (m.lo.max(spec.lo), m.hi.min(spec.hi));
-            let (lo, hi) = part(&m);
+            let part = |m: &Manifest| (m.lo.max(lo), m.hi.min(hi));
+            let (mlo, mhi) = part(&m);
             for o in &manifests {
                 let (olo, ohi) = part(o);
-                if lo <= hi && olo <= ohi && lo <= ohi && olo <= hi {
+                if mlo <= mhi && olo <= ohi && mlo <= ohi && olo <= mhi {
                     return Err(StoreError::Restore(format!(
                         "checkpoints {} and {} both hold key groups {}..={}",
                         o.checkpoint_id,
                         m.checkpoint_id,
-                        lo.max(olo),
-                        hi.min(ohi)
+                        mlo.max(olo),
+                        mhi.min(ohi)
                     )));
                 }
             }
             manifests.push(m);
         }
+        Ok(manifests)
+    }
+
+    /// Opens every segment `manifests` name that holds key groups of
+    /// `lo..=hi`, each with its manifest clip narrowed to that range, newest
+    /// first within each manifest. All or nothing: on an error the files
+    /// opened so far are closed.
+    pub(super) fn open_checkpoint_layers(
+        &mut self,
+        manifests: &[Manifest],
+        lo: u16,
+        hi: u16,
+    ) -> Result<Vec<Segment>, StoreError> {
         // Open every referenced segment first.
         let mut opened: Vec<Vec<Segment>> = Vec::new();
         let close_all = |io: &mut I, opened: Vec<Vec<Segment>>| {
@@ -716,10 +769,10 @@ impl<I: Io> Store<I> {
                 io.close(s.file);
             }
         };
-        for m in &manifests {
+        for m in manifests {
             let mut segs = Vec::new();
             for l in &m.layers {
-                let Some(clip) = l.clip.narrowed(spec.lo, spec.hi) else {
+                let Some(clip) = l.clip.narrowed(lo, hi) else {
                     continue;
                 };
                 let path = self.cfg.dir.join(&l.name);
@@ -753,13 +806,32 @@ impl<I: Io> Store<I> {
             }
             opened.push(segs);
         }
+        Ok(opened.into_iter().flatten().collect())
+    }
+
+    /// Replaces `spec.owner`'s state in key groups `spec.lo..=spec.hi` by
+    /// what the checkpoints `handles` hold of those key groups (any
+    /// parallelism: rescale is a restore from several handles, or of a part
+    /// of one). Every handle and segment is checked before anything
+    /// changes; a refused restore leaves the store as it was. The segments
+    /// are referenced, not copied. Synchronous: reads the manifests and
+    /// each segment's footer, and writes the layer list.
+    pub fn restore(
+        &mut self,
+        spec: RestoreSpec<'_>,
+        handles: &[&[u8]],
+    ) -> Result<Restored, StoreError> {
+        if spec.lo > spec.hi {
+            return Err(StoreError::Invalid("key-group range with lo > hi"));
+        }
+        let manifests = self.checkpoint_manifests(spec.owner, handles, spec.lo, spec.hi)?;
+        let added = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
         // Mask the owner's states in the range in every existing layer,
         // then place the checkpoint's layers above, keeping their order.
         let mut states: Vec<u32> = spec.states.to_vec();
         for m in &manifests {
             states.extend_from_slice(&m.states);
         }
-        let added: Vec<Segment> = opened.into_iter().flatten().collect();
         let layers = self.install_layers(added, spec.lo, spec.hi, states)?;
         Ok(Restored {
             layers,

@@ -26,7 +26,9 @@ mod read;
 mod stream;
 mod write;
 
-pub use checkpoint::{CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest};
+pub use checkpoint::{
+    CheckpointInfo, CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest,
+};
 pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -775,6 +777,11 @@ impl<I: Io> Store<I> {
         s.pending_reads = self.reads.len() + self.iters.len();
         (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
         s
+    }
+
+    /// Every retained checkpoint, oldest first.
+    pub fn checkpoints(&self) -> Vec<CheckpointInfo> {
+        self.ckpt.list()
     }
 
     /// Operations submitted and not yet delivered.

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 
 use super::*;
 use crate::format::RECORD_HEADER;
-use crate::manifest::state_set;
+use crate::manifest::{Clip, Region, intersect, state_set};
 use crate::snapshot::{
     ChunkDecoder, ChunkEncoder, ChunkSlot, Decoded, Item, MAX_ITEM, SnapshotError, StateDesc,
     encode_states,
@@ -140,6 +140,9 @@ pub(super) struct Export {
     finished: bool,
     cancelled: bool,
     error: Option<StoreError>,
+    /// Files opened for this export alone (a checkpoint export's
+    /// segments): closed when it ends.
+    files: Vec<crate::io::FileId>,
 }
 
 pub(super) struct Import {
@@ -499,7 +502,91 @@ impl<I: Io> Store<I> {
             finished: false,
             cancelled: false,
             error: None,
+            files: Vec::new(),
         }))
+    }
+
+    /// Like [`Store::export`], but of what the retained checkpoints
+    /// `handles` of `spec.owner` hold of key groups `spec.lo..=spec.hi`
+    /// (as a restore of them would install it), leaving the live state as
+    /// it is. The handles are checked as for a restore; nothing starts
+    /// when one is refused.
+    pub fn export_checkpoints(
+        &mut self,
+        spec: ExportSpec,
+        handles: &[&[u8]],
+    ) -> Result<usize, StoreError> {
+        if spec.lo > spec.hi {
+            return Err(StoreError::Invalid("key-group range with lo > hi"));
+        }
+        if self.exports.len() >= MAX_EXPORTS {
+            return Err(StoreError::Limit(format!(
+                "{MAX_EXPORTS} exports are in progress"
+            )));
+        }
+        let manifests = self.checkpoint_manifests(&spec.owner, handles, spec.lo, spec.hi)?;
+        let opened = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
+        let files: Vec<_> = opened.iter().map(|s| s.file).collect();
+        if opened.len() > MAX_EXPORT_LAYERS {
+            for f in files {
+                self.io.close(f);
+            }
+            return Err(StoreError::Limit(format!(
+                "the checkpoints have {} layers in the range",
+                opened.len()
+            )));
+        }
+        let states = state_set(spec.states.iter().map(|s| s.id).collect());
+        let n = opened.len() as u64;
+        let mut layers = Vec::with_capacity(opened.len());
+        for (i, mut seg) in opened.into_iter().enumerate() {
+            let Some(c) = seg.clip.take() else { continue };
+            let kept = match &c.keep.states {
+                Some(st) => intersect(st, &states),
+                None => states.clone(),
+            };
+            if kept.is_empty() {
+                continue;
+            }
+            let clip = Clip {
+                keep: Region {
+                    lo: c.keep.lo,
+                    hi: c.keep.hi,
+                    states: Some(kept),
+                },
+                drop: c.drop,
+            };
+            // Newest first within a manifest; manifests hold disjoint key
+            // groups, so their relative order does not matter.
+            layers.push((n - i as u64, Rc::new(seg), clip));
+        }
+        Ok(self.exports.insert(Export {
+            enc: ChunkEncoder::new(spec.snapshot_id),
+            layers,
+            waiting: Vec::new(),
+            started: false,
+            cursors: Vec::new(),
+            clips: Vec::new(),
+            carry: encode_states(&spec.states),
+            carry_at: 0,
+            clear: None,
+            merged: Vec::new(),
+            bound: Vec::new(),
+            heads: Vec::new(),
+            moved: Vec::new(),
+            finished: false,
+            cancelled: false,
+            error: None,
+            files,
+        }))
+    }
+
+    /// Forgets export `id` and closes the files opened for it alone.
+    fn end_export(&mut self, id: usize) {
+        let e = self.exports.remove(id);
+        for f in e.files {
+            self.io.close(f);
+        }
     }
 
     /// Writes export `id`'s next bytes into `slot` (at least 4 KiB; a
@@ -556,7 +643,7 @@ impl<I: Io> Store<I> {
         }
         let _ = self.io.submit();
         if let Fill::Chunk { last: true, .. } = fill {
-            self.exports.remove(id);
+            self.end_export(id);
         }
         Ok(fill)
     }
@@ -567,7 +654,7 @@ impl<I: Io> Store<I> {
             e.cancelled = true;
             e.layers.clear();
             if !e.in_flight() {
-                self.exports.remove(id);
+                self.end_export(id);
             }
         }
     }
@@ -585,7 +672,7 @@ impl<I: Io> Store<I> {
             e.error.get_or_insert(err);
         }
         if e.cancelled && !e.in_flight() {
-            self.exports.remove(id);
+            self.end_export(id);
         }
     }
 

@@ -121,6 +121,15 @@ pub fn export_chunks<I: Io>(
     slot_len: usize,
 ) -> Result<Vec<Vec<u8>>, StoreError> {
     let id = s.export(spec)?;
+    fill_chunks(s, id, slot_len)
+}
+
+/// Fills export `id` into chunks of `slot_len` until its last.
+pub fn fill_chunks<I: Io>(
+    s: &mut Store<I>,
+    id: usize,
+    slot_len: usize,
+) -> Result<Vec<Vec<u8>>, StoreError> {
     let mut slot = vec![0u8; slot_len];
     let mut out = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
