@@ -1,6 +1,6 @@
-//! SIGHUP re-reads the configuration: the log filter changes at once,
-//! other changed keys are named as waiting for a restart, and an invalid
-//! file changes nothing (statord serves on).
+//! SIGHUP re-reads the configuration: the log filter and the limits
+//! change at once, other changed keys are named as waiting for a restart,
+//! and an invalid file changes nothing (statord serves on).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -112,6 +112,29 @@ fn sighup_reloads_the_log_filter_and_names_what_needs_a_restart() {
     expect_line(&rx, "configuration not reloaded");
     let s = Session::open(&socket, &OpenOptions::new("reload", "op")).unwrap();
     s.close().unwrap();
+
+    // Limits change at runtime: max_sessions to 1 refuses a second
+    // session at once (no restart named), and back to 2 allows it.
+    std::fs::write(&file, format!("{base}log = \"info\"\nmax_sessions = 1\n")).unwrap();
+    hup(child.id());
+    let before = expect_line(&rx, "configuration reloaded");
+    assert!(
+        !before.iter().any(|l| l.contains("next restart")),
+        "{before:#?}"
+    );
+    let one = Session::open(&socket, &OpenOptions::new("reload", "op")).unwrap();
+    match Session::open(&socket, &OpenOptions::new("reload", "op2")) {
+        Err(stator_client::Error::Refused { message, .. }) => {
+            assert!(message.contains("max_sessions"), "{message}")
+        }
+        other => panic!("a second session was not refused: {:?}", other.err()),
+    }
+    std::fs::write(&file, format!("{base}log = \"info\"\nmax_sessions = 2\n")).unwrap();
+    hup(child.id());
+    expect_line(&rx, "configuration reloaded");
+    let two = Session::open(&socket, &OpenOptions::new("reload", "op2")).unwrap();
+    one.close().unwrap();
+    two.close().unwrap();
 
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

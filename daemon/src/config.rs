@@ -29,7 +29,8 @@ pub struct Config {
     /// Open sessions at most, over all shards.
     pub max_sessions: usize,
     /// Log filter (`tracing-subscriber` syntax: `info`, `warn,statord=debug`).
-    /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it.
+    /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it (and
+    /// `max_sessions`, `allowed_uids` and `session.*` but `session.batch`).
     pub log: String,
     pub session: SessionLimits,
 }
@@ -119,11 +120,22 @@ fn queue_ok(n: u32) -> bool {
 }
 
 impl Config {
-    /// The keys whose values differ in `new` and take effect only at a
-    /// restart (every key but `log`).
-    pub fn restart_needed(&self, new: &Config) -> Vec<&'static str> {
-        let (a, b) = (&self.session, &new.session);
-        [
+    /// What a reload (SIGHUP) changes at runtime: `log`, `max_sessions`,
+    /// `allowed_uids` and the `session.*` limits but `session.batch` (they
+    /// apply to sessions opened from then on; open sessions keep theirs).
+    /// Returns the configuration to run with (`new`'s runtime keys, this
+    /// one's others) and the keys that changed in `new` but take effect
+    /// only at a restart.
+    pub fn reload(&self, new: &Config) -> (Config, Vec<&'static str>) {
+        let mut run = self.clone();
+        run.log = new.log.clone();
+        run.max_sessions = new.max_sessions;
+        run.allowed_uids = new.allowed_uids.clone();
+        run.session = SessionLimits {
+            batch: self.session.batch,
+            ..new.session.clone()
+        };
+        let restart = [
             ("data_dir", self.data_dir != new.data_dir),
             ("run_dir", self.run_dir != new.run_dir),
             ("shards", self.shards != new.shards),
@@ -132,26 +144,13 @@ impl Config {
                 self.memory_budget_mib != new.memory_budget_mib,
             ),
             ("memtable_mib", self.memtable_mib != new.memtable_mib),
-            ("allowed_uids", self.allowed_uids != new.allowed_uids),
             ("spin_us", self.spin_us != new.spin_us),
-            ("max_sessions", self.max_sessions != new.max_sessions),
-            ("session.sq_entries", a.sq_entries != b.sq_entries),
-            ("session.cq_entries", a.cq_entries != b.cq_entries),
-            ("session.max_entries", a.max_entries != b.max_entries),
-            ("session.arena_mib", a.arena_mib != b.arena_mib),
-            ("session.max_arena_mib", a.max_arena_mib != b.max_arena_mib),
-            ("session.max_in_flight", a.max_in_flight != b.max_in_flight),
-            ("session.max_states", a.max_states != b.max_states),
-            ("session.batch", a.batch != b.batch),
-            ("session.chunk_slots", a.chunk_slots != b.chunk_slots),
-            (
-                "session.max_chunk_slots",
-                a.max_chunk_slots != b.max_chunk_slots,
-            ),
+            ("session.batch", self.session.batch != new.session.batch),
         ]
         .into_iter()
         .filter_map(|(k, changed)| changed.then_some(k))
-        .collect()
+        .collect();
+        (run, restart)
     }
 
     /// Reads a TOML file over the defaults.
@@ -261,6 +260,11 @@ impl Config {
         self.run_dir.join("stator.sock")
     }
 
+    /// The status socket's path (HTTP: `/status`, `/metrics`, `/healthz`).
+    pub fn status_path(&self) -> PathBuf {
+        self.run_dir.join("status.sock")
+    }
+
     /// One shard's store configuration.
     pub fn store_config(&self, shard: usize) -> stator_store::StoreConfig {
         let mut c = stator_store::StoreConfig::new(
@@ -312,5 +316,26 @@ mod tests {
         let c = Config::from_toml("memory_budget_mib = 1\nshards = 2").unwrap();
         let e = c.resolve().unwrap_err().to_string();
         assert!(e.contains("memory_budget_mib"), "{e}");
+    }
+
+    #[test]
+    fn a_reload_takes_runtime_keys_and_names_the_others() {
+        let old = Config::default().resolve().unwrap();
+        let mut new = old.clone();
+        new.log = "debug".into();
+        new.max_sessions = 7;
+        new.allowed_uids = vec![1, 2];
+        new.session.max_in_flight = 99;
+        new.session.batch = 3;
+        new.shards += 1;
+        let (run, restart) = old.reload(&new);
+        assert_eq!(restart, ["shards", "session.batch"]);
+        assert_eq!(run.log, "debug");
+        assert_eq!(run.max_sessions, 7);
+        assert_eq!(run.allowed_uids, [1, 2]);
+        assert_eq!(run.session.max_in_flight, 99);
+        assert_eq!(run.session.batch, old.session.batch);
+        assert_eq!(run.shards, old.shards);
+        assert_eq!(old.reload(&old), (old.clone(), vec![]));
     }
 }

@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -210,7 +210,9 @@ fn state_kind(k: u8) -> Option<StateKind> {
 
 /// What every connection thread shares.
 pub struct Ctx {
-    pub cfg: Config,
+    /// The configuration: replaced whole by a reload (SIGHUP), so a request
+    /// reads one consistent version (`Ctx::cfg`).
+    pub cfg: RwLock<Arc<Config>>,
     pub shards: Vec<ShardHandle>,
     pub registry: Arc<Mutex<Registry>>,
     pub stopping: AtomicBool,
@@ -218,6 +220,13 @@ pub struct Ctx {
     pub next_session: AtomicU64,
     /// Open control connections (capped at `max_sessions` + 64).
     pub connections: AtomicUsize,
+}
+
+impl Ctx {
+    /// The configuration in force now.
+    pub fn cfg(&self) -> Arc<Config> {
+        self.cfg.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// Accepts connections until `ctx.stopping`; polls so that it notices.
@@ -229,7 +238,7 @@ pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
         match listener.accept() {
             Ok((stream, _)) => {
                 // One thread per connection, so connections are capped.
-                if ctx.connections.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_sessions + 64 {
+                if ctx.connections.fetch_add(1, Ordering::AcqRel) >= ctx.cfg().max_sessions + 64 {
                     ctx.connections.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!("too many control connections; one refused");
                     continue;
@@ -304,7 +313,7 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
             return;
         }
     };
-    if !ctx.cfg.allowed_uids.contains(&uid) {
+    if !ctx.cfg().allowed_uids.contains(&uid) {
         tracing::warn!(uid, "connection from a uid not in allowed_uids refused");
         refuse(
             &mut s,
@@ -488,7 +497,8 @@ fn open(
             "subtask {subtask} of parallelism {parallelism} (max parallelism {max_parallelism}) is not a valid subtask"
         ));
     }
-    let lim = &ctx.cfg.session;
+    let cfg = ctx.cfg();
+    let lim = &cfg.session;
     let pick = |v: u32, d: u32, what: &str| -> Result<u32, Refusal> {
         let v = if v == 0 { d } else { v };
         if !v.is_power_of_two() || !(64..=lim.max_entries).contains(&v) {
@@ -532,11 +542,11 @@ fn open(
             ),
         ));
     }
-    if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= ctx.cfg.max_sessions {
+    if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= cfg.max_sessions {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
         return Err((
             status::LIMIT,
-            format!("{} sessions are open (max_sessions)", ctx.cfg.max_sessions),
+            format!("{} sessions are open (max_sessions)", cfg.max_sessions),
         ));
     }
     let (lo, hi) = key_group_range(max_parallelism, parallelism, subtask);
@@ -563,6 +573,7 @@ fn open(
     let sent = ctx.shards[shard].send(ShardMsg::Open {
         session: id,
         owner: (job.to_string(), operator.to_string()),
+        subtask: (subtask, parallelism, max_parallelism),
         params,
         key_groups: (lo, hi),
         max_in_flight: lim.max_in_flight,
@@ -605,13 +616,11 @@ fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> 
     if name.is_empty() {
         return Err((status::BAD_REQUEST, "state name must not be empty".into()));
     }
-    if !o.names.contains(name) && o.names.len() as u32 >= ctx.cfg.session.max_states {
+    let max_states = ctx.cfg().session.max_states;
+    if !o.names.contains(name) && o.names.len() as u32 >= max_states {
         return Err((
             status::LIMIT,
-            format!(
-                "the session already has {} states (session.max_states)",
-                ctx.cfg.session.max_states
-            ),
+            format!("the session already has {max_states} states (session.max_states)"),
         ));
     }
     let store_id = ctx
@@ -625,7 +634,7 @@ fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> 
         session: o.id,
         kind,
         store_id,
-        max_states: ctx.cfg.session.max_states,
+        max_states,
         reply: tx,
     });
     match rx.recv() {

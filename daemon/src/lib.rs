@@ -8,22 +8,29 @@
 //! - [`shard`]: the shard threads, each with its own io_uring and store,
 //!   serving the sessions pinned to it through shared memory;
 //! - [`notify`]: systemd's notification protocol (`READY=1`, `STATUS=`,
-//!   `WATCHDOG=1` while every shard loop moves, `STOPPING=1`).
+//!   `WATCHDOG=1` while every shard loop moves, `STOPPING=1`);
+//! - [`metrics`]: what shards publish (per-operation counters and latency
+//!   histograms, a report of sessions, store and checkpoints);
+//! - [`status`]: the status socket, HTTP/1.1 on `<run_dir>/status.sock`
+//!   (`/status` JSON, `/metrics` Prometheus text, `/healthz`), which
+//!   `statorctl` and `curl --unix-socket` read.
 //!
 //! [`Daemon::start`] brings it all up; [`Daemon::stop`] drains it. The
 //! binary adds flags, logging and signals around them.
 
 pub mod config;
 pub mod control;
+pub mod metrics;
 pub mod notify;
 pub mod shard;
+pub mod status;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stator_ring::Doorbell;
 use stator_store::Store;
@@ -32,6 +39,7 @@ use stator_store::io::UringIo;
 use crate::config::Config;
 use crate::control::{Ctx, Registry};
 use crate::shard::{Live, Shard, ShardHandle, ShardMsg, ShardStats};
+use crate::status::StatusServer;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +61,7 @@ pub struct Daemon {
     ctx: Arc<Ctx>,
     acceptor: Option<JoinHandle<()>>,
     shards: Vec<JoinHandle<ShardStats>>,
+    status: Option<StatusServer>,
 }
 
 fn path_err(what: &'static str, p: &std::path::Path) -> impl FnOnce(std::io::Error) -> StartError {
@@ -64,6 +73,7 @@ impl Daemon {
     /// Opens every shard's store, binds the control socket and starts
     /// serving. `cfg` must come from [`Config::resolve`].
     pub fn start(cfg: Config) -> Result<Daemon, StartError> {
+        let started = Instant::now();
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(path_err("cannot create data_dir", &cfg.data_dir))?;
         std::fs::create_dir_all(&cfg.run_dir)
@@ -145,8 +155,9 @@ impl Daemon {
             UnixListener::bind(&sock).map_err(path_err("cannot bind the control socket", &sock))?;
         // Any local user may connect; SO_PEERCRED decides who may open.
         let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+        let status_path = cfg.status_path();
         let ctx = Arc::new(Ctx {
-            cfg,
+            cfg: RwLock::new(Arc::new(cfg)),
             shards: handles,
             registry,
             stopping: AtomicBool::new(false),
@@ -154,6 +165,8 @@ impl Daemon {
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
         });
+        let status = StatusServer::start(ctx.clone(), started)
+            .map_err(path_err("cannot serve the status socket", &status_path))?;
         let c = ctx.clone();
         let acceptor = std::thread::Builder::new()
             .name("statord-accept".into())
@@ -162,17 +175,28 @@ impl Daemon {
                 shard: usize::MAX,
                 msg: format!("cannot start the acceptor: {e}"),
             })?;
-        tracing::info!(socket = %sock.display(), shards = ctx.shards.len(), "statord is serving");
+        tracing::info!(socket = %sock.display(), status = %status_path.display(), shards = ctx.shards.len(), "statord is serving");
         Ok(Daemon {
             ctx,
             acceptor: Some(acceptor),
             shards,
+            status: Some(status),
         })
     }
 
-    /// The configuration it runs with.
-    pub fn config(&self) -> &Config {
-        &self.ctx.cfg
+    /// The configuration it runs with now.
+    pub fn config(&self) -> Arc<Config> {
+        self.ctx.cfg()
+    }
+
+    /// Applies what of `new` can change at runtime (see
+    /// [`Config::reload`]) and returns the changed keys that wait for a
+    /// restart. Sessions opened from now on get the new limits.
+    pub fn reload(&self, new: &Config) -> Vec<&'static str> {
+        let mut cur = self.ctx.cfg.write().unwrap_or_else(|p| p.into_inner());
+        let (run, restart) = cur.reload(new);
+        *cur = Arc::new(run);
+        restart
     }
 
     /// Open sessions.
@@ -198,13 +222,19 @@ impl Daemon {
         if let Some(a) = self.acceptor.take() {
             let _ = a.join();
         }
-        let _ = std::fs::remove_file(self.ctx.cfg.socket_path());
+        let _ = std::fs::remove_file(self.ctx.cfg().socket_path());
         for h in &self.ctx.shards {
             h.send(ShardMsg::Shutdown);
         }
-        self.shards
+        let stats = self
+            .shards
             .drain(..)
             .filter_map(|j| j.join().ok())
-            .collect()
+            .collect();
+        // Last: `/healthz` says "stopping" while the shards drain.
+        if let Some(s) = self.status.take() {
+            s.stop();
+        }
+        stats
     }
 }

@@ -96,7 +96,7 @@ fn log_filter(cfg: &Config) -> (EnvFilter, Option<&'static str>) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let mut cfg = match config(&args) {
+    let cfg = match config(&args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("statord: {e}");
@@ -128,7 +128,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     raise_open_file_limit();
-    let daemon = match Daemon::start(cfg.clone()) {
+    let mut log_now = cfg.log.clone();
+    let daemon = match Daemon::start(cfg) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("statord: {e}");
@@ -140,7 +141,7 @@ fn main() -> ExitCode {
     let notifier = Notifier::start(daemon.shards_live(), daemon.session_count());
     let sig = loop {
         match sigs.wait() {
-            Ok(Signal::SIGHUP) => reload(&args, &mut cfg, from_env, &log_handle),
+            Ok(Signal::SIGHUP) => reload(&args, &daemon, &mut log_now, from_env, &log_handle),
             other => break other,
         }
     };
@@ -154,11 +155,12 @@ fn main() -> ExitCode {
 }
 
 /// SIGHUP: re-reads the configuration (file, then flags). The log filter
-/// changes now; every other changed key is named as waiting for a
-/// restart. An invalid file changes nothing.
+/// and the limits change now (`Config::reload`); every other changed key
+/// is named as waiting for a restart. An invalid file changes nothing.
 fn reload<S>(
     args: &Args,
-    running: &mut Config,
+    daemon: &Daemon,
+    log_now: &mut String,
     from_env: Option<&'static str>,
     log: &reload::Handle<EnvFilter, S>,
 ) {
@@ -173,25 +175,32 @@ fn reload<S>(
             return;
         }
     };
-    for key in running.restart_needed(&new) {
+    for key in daemon.reload(&new) {
         tracing::warn!(
             key,
             "SIGHUP: this key changed; it takes effect at the next restart"
         );
     }
-    if new.log != running.log {
+    if new.log != *log_now {
         match from_env {
             Some(var) => tracing::warn!(
                 var,
                 "SIGHUP: the log filter comes from the environment; `log` is not applied"
             ),
             None => match log.reload(EnvFilter::new(&new.log)) {
-                Ok(()) => running.log = new.log.clone(),
+                Ok(()) => *log_now = new.log.clone(),
                 Err(e) => tracing::error!(error = %e, "SIGHUP: cannot change the log filter"),
             },
         }
     }
-    tracing::info!(file = %file.display(), log = %running.log, "configuration reloaded");
+    let c = daemon.config();
+    tracing::info!(
+        file = %file.display(),
+        log = %log_now,
+        max_sessions = c.max_sessions,
+        allowed_uids = ?c.allowed_uids,
+        "configuration reloaded (session limits apply to sessions opened from now on)"
+    );
 }
 
 /// Segments, their restored references and sessions each hold a file

@@ -39,6 +39,7 @@ use stator_store::{
 };
 
 use crate::control::Registry;
+use crate::metrics::{OpMetrics, Report, SessionReport, ShardReport, Tally};
 
 type Ring<'a> = DaemonRing<'a>;
 
@@ -57,6 +58,8 @@ pub enum ShardMsg {
         session: u64,
         /// Job and operator.
         owner: (String, String),
+        /// Subtask, parallelism and max parallelism (for the status socket).
+        subtask: (u32, u32, u32),
         params: RingParams,
         key_groups: (u16, u16),
         max_in_flight: u32,
@@ -100,8 +103,8 @@ pub struct ShardHandle {
     pub live: Arc<Live>,
 }
 
-/// What a shard publishes about itself while it runs, for the watchdog and
-/// the status line: written by the shard thread only.
+/// What a shard publishes about itself while it runs, for the watchdog,
+/// the status line and the status socket: written by the shard thread only.
 #[derive(Debug, Default)]
 pub struct Live {
     /// Loop iterations: it moves at least once a second while the shard
@@ -110,7 +113,14 @@ pub struct Live {
     pub beat: AtomicU64,
     /// Requests served so far.
     pub requests: AtomicU64,
+    /// Per-operation counters and latencies.
+    pub ops: OpMetrics,
+    /// Sessions, store and checkpoints, rebuilt every [`REPORT_EVERY`].
+    pub report: Report,
 }
+
+/// How often a shard rebuilds its [`Live::report`].
+pub const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 impl ShardHandle {
     /// Sends `m` and wakes the shard.
@@ -137,6 +147,13 @@ struct Session {
     owner: Vec<u8>,
     job: String,
     operator: String,
+    /// Subtask, parallelism, max parallelism.
+    subtask: (u32, u32, u32),
+    /// Queue sizes.
+    entries: (u32, u32),
+    /// Descriptors taken so far.
+    requests: u64,
+    opened_unix: u64,
     mem: Mem,
     to_daemon: Doorbell,
     to_client: Doorbell,
@@ -233,6 +250,8 @@ enum Out {
 
 /// A request waiting for the store.
 struct Pending {
+    /// The pass that took it (for its latency).
+    t0: Instant,
     session: u64,
     user_data: u64,
     op: Opcode,
@@ -287,6 +306,9 @@ pub struct Shard {
     pub stats: ShardStats,
     /// Published for the watchdog and the status line.
     live: Arc<Live>,
+    /// A session opened or closed, or a checkpoint completed: the report
+    /// is rebuilt at the next pass, not at the next period.
+    report_now: bool,
 }
 
 fn status_of(e: &StoreError) -> Status {
@@ -440,6 +462,7 @@ impl Shard {
             stopping: false,
             stats: ShardStats::default(),
             live: Arc::default(),
+            report_now: false,
         }
     }
 
@@ -454,12 +477,20 @@ impl Shard {
     pub fn run(mut self) -> ShardStats {
         let mut idle_since: Option<Instant> = None;
         let mut beat = 0u64;
+        let mut reported = Instant::now();
+        self.report();
         loop {
             beat += 1;
             self.live.beat.store(beat, Ordering::Relaxed);
             self.live
                 .requests
                 .store(self.stats.requests, Ordering::Relaxed);
+            let now = Instant::now();
+            if self.report_now || now.duration_since(reported) >= REPORT_EVERY {
+                reported = now;
+                self.report_now = false;
+                self.report();
+            }
             self.control();
             if self.stopping {
                 self.finish();
@@ -478,7 +509,6 @@ impl Shard {
                 idle_since = None;
                 continue;
             }
-            let now = Instant::now();
             if now.duration_since(*idle_since.get_or_insert(now)) < self.spin {
                 std::hint::spin_loop();
                 continue;
@@ -503,12 +533,13 @@ impl Shard {
                 ShardMsg::Open {
                     session,
                     owner,
+                    subtask,
                     params,
                     key_groups,
                     max_in_flight,
                     reply,
                 } => {
-                    let r = self.open(session, owner, params, key_groups, max_in_flight);
+                    let r = self.open(session, owner, subtask, params, (key_groups, max_in_flight));
                     let _ = reply.send(r);
                 }
                 ShardMsg::AddState {
@@ -571,9 +602,9 @@ impl Shard {
         &mut self,
         id: u64,
         (job, operator): (String, String),
+        subtask: (u32, u32, u32),
         params: RingParams,
-        key_groups: (u16, u16),
-        max_in_flight: u32,
+        (key_groups, max_in_flight): ((u16, u16), u32),
     ) -> Result<SessionFds, String> {
         let layout = RingLayout::new(params).map_err(|e| e.to_string())?;
         let seg =
@@ -598,6 +629,12 @@ impl Shard {
             owner,
             job,
             operator,
+            subtask,
+            entries: (params.sq_entries, params.cq_entries),
+            requests: 0,
+            opened_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             mem,
             to_daemon,
             to_client,
@@ -615,6 +652,7 @@ impl Shard {
         });
         self.by_id.insert(id, slot);
         self.stats.sessions_opened += 1;
+        self.report_now = true;
         tracing::debug!(shard = self.id, session = id, "session opened");
         Ok(fds)
     }
@@ -639,6 +677,7 @@ impl Shard {
             s.to_daemon.ring();
         }
         self.stats.sessions_closed += 1;
+        self.report_now = true;
         tracing::debug!(shard = self.id, session = id, "session closed");
     }
 
@@ -657,6 +696,7 @@ impl Shard {
             stats,
             batch,
             chunk,
+            live,
             ..
         } = self;
         let s = &mut sessions[slot];
@@ -672,20 +712,22 @@ impl Shard {
         let cq_blocked = &mut s.cq_blocked;
         let to_client = &s.to_client;
         let chunk_slots = s.chunk_slots;
+        let requests = &mut s.requests;
         let (export, import) = (&mut s.export, &mut s.import);
         let r = s
             .mem
             .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
                 // Runs the batch copied so far (the same borrows each time).
                 macro_rules! run_batch {
-                    () => {
+                    ($t0:ident, $tally:ident) => {
                         run_batch(
                             store,
                             ring,
                             pending,
-                            sid,
+                            (sid, $t0),
                             in_flight,
                             stats,
+                            (&live.ops, &mut $tally),
                             (items, tokens, scratch),
                         )?
                     };
@@ -701,6 +743,9 @@ impl Shard {
                 if n == 0 {
                     return Ok(false);
                 }
+                let t0 = Instant::now();
+                let mut tally = Tally::default();
+                *requests += n as u64;
                 scratch.clear();
                 items.clear();
                 sqes.clear();
@@ -719,6 +764,7 @@ impl Shard {
                         ring.view().prefetch(base + q.key.off as usize, false);
                     }
                     stats.requests += 1;
+                    live.ops.request(sqe.opcode);
                     let op = Opcode::from_u8(sqe.opcode);
                     if matches!(
                         op,
@@ -732,7 +778,7 @@ impl Shard {
                     ) {
                         // A barrier: every earlier request takes effect
                         // (or fixes its snapshot) first.
-                        run_batch!();
+                        run_batch!(t0, tally);
                         let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
                         let c = if matches!(op, Some(Opcode::Checkpoint | Opcode::CheckpointNotify))
                         {
@@ -751,6 +797,10 @@ impl Shard {
                             snapshot_op(store, ring, sqe, who, ctx)?
                         };
                         if let Some(c) = c {
+                            if c.status != Status::Ok as i32 {
+                                live.ops.error(sqe.opcode);
+                            }
+                            tally.add(op.expect("matched above"));
                             push(ring, &c)?;
                         }
                         continue;
@@ -761,16 +811,23 @@ impl Shard {
                             if scratch.len() >= BATCH_BYTES {
                                 // Large values: run what is copied so far,
                                 // so one batch never holds more than this.
-                                run_batch!();
+                                run_batch!(t0, tally);
                             }
                         }
                         Ok(None) => {
                             // Answered at once (no-op, not supported here).
                             let c = immediate(sqe);
+                            if let Some(op) = op {
+                                tally.add(op);
+                            }
                             push(ring, &c)?;
                         }
                         Err((st, out)) => {
                             stats.errors += 1;
+                            live.ops.error(sqe.opcode);
+                            if let Some(op) = op {
+                                tally.add(op);
+                            }
                             push(ring, &answer(sqe.user_data, st, out))?;
                         }
                     }
@@ -779,7 +836,8 @@ impl Shard {
                     // The client waits for room in its submission queue.
                     to_client.ring();
                 }
-                run_batch!();
+                run_batch!(t0, tally);
+                tally.record(&live.ops, t0.elapsed().as_nanos() as u64);
                 if scratch.capacity() > 2 * BATCH_BYTES {
                     scratch.clear();
                     scratch.shrink_to(BATCH_BYTES);
@@ -809,12 +867,21 @@ impl Shard {
             sessions,
             by_id,
             pending,
+            live,
             ..
         } = self;
         let mut orphans: Vec<Vec<u8>> = Vec::new();
+        let mut checkpoints = false;
         let shard = *id;
+        let now = Instant::now();
         let n = store.poll(|tok, res| {
             let p = pending.remove(tok as usize);
+            live.ops
+                .latency(p.op, now.saturating_duration_since(p.t0).as_nanos() as u64, 1);
+            if res.is_err() {
+                live.ops.error(p.op as u8);
+            }
+            checkpoints |= p.op == Opcode::Checkpoint;
             // One log line per checkpoint and per installed import (never
             // one per request).
             match (p.op, &res) {
@@ -853,6 +920,7 @@ impl Shard {
         for h in orphans {
             self.store.discard_checkpoint(&h);
         }
+        self.report_now |= checkpoints;
         n > 0
     }
 
@@ -862,7 +930,10 @@ impl Shard {
     fn drive_snapshots(&mut self) -> bool {
         let mut progress = false;
         let Shard {
-            store, sessions, ..
+            store,
+            sessions,
+            live,
+            ..
         } = self;
         for (_, s) in sessions.iter_mut() {
             if s.broken {
@@ -911,6 +982,7 @@ impl Shard {
                         }
                     }
                     Err(err) => {
+                        live.ops.error(Opcode::ChunkRelease as u8);
                         tracing::warn!(snapshot = e.snapshot, error = %err, "snapshot export failed");
                         c.status = status_of(&err) as i32;
                         e.id = None;
@@ -931,6 +1003,53 @@ impl Shard {
             }
         }
         progress
+    }
+
+    /// Rebuilds the published report: sessions, store, checkpoints.
+    fn report(&mut self) {
+        let shard = self.id;
+        let sessions = self
+            .sessions
+            .iter_mut()
+            .map(|(_, s)| {
+                let (sq_depth, cq_free) = s.mem.with_dependent_mut(|_, ring| {
+                    (
+                        ring.sq.available().unwrap_or(0),
+                        ring.cq.free_now().unwrap_or(0),
+                    )
+                });
+                SessionReport {
+                    id: s.id,
+                    shard,
+                    job: s.job.clone(),
+                    operator: s.operator.clone(),
+                    subtask: s.subtask.0,
+                    parallelism: s.subtask.1,
+                    max_parallelism: s.subtask.2,
+                    key_group_lo: s.key_groups.0,
+                    key_group_hi: s.key_groups.1,
+                    states: s.states.len(),
+                    in_flight: s.in_flight,
+                    sq_depth,
+                    cq_depth: s.entries.1.saturating_sub(cq_free),
+                    sq_entries: s.entries.0,
+                    cq_entries: s.entries.1,
+                    requests: s.requests,
+                    broken: s.broken,
+                    opened_unix: s.opened_unix,
+                    export_in_progress: s.export.as_ref().is_some_and(|e| e.id.is_some()),
+                    import_in_progress: s.import.is_some(),
+                }
+            })
+            .collect();
+        let r = ShardReport {
+            at: Instant::now(),
+            sessions,
+            memory: self.store.memory(),
+            store: self.store.stats(),
+            checkpoints: self.store.checkpoints(),
+        };
+        *self.live.report.lock().unwrap_or_else(|p| p.into_inner()) = r;
     }
 
     /// Publishes the completions of every session that has new ones, and
@@ -1073,13 +1192,15 @@ impl Shard {
 /// Runs the validated requests of a batch (bytes in `scratch`) through the
 /// store and pushes the completions of those answered at once; the others
 /// complete through [`Shard::reap`]. Leaves the batch empty.
+#[allow(clippy::too_many_arguments)]
 fn run_batch(
     store: &mut Store<UringIo>,
     ring: &mut Ring<'_>,
     pending: &mut Slab<Pending>,
-    sid: u64,
+    (sid, t0): (u64, Instant),
     in_flight: &mut u32,
     stats: &mut ShardStats,
+    (ops_m, tally): (&OpMetrics, &mut Tally),
     (items, tokens, scratch): (&mut Vec<Item>, &mut Vec<u64>, &mut Vec<u8>),
 ) -> Result<(), QueueError> {
     if items.is_empty() {
@@ -1088,6 +1209,7 @@ fn run_batch(
     tokens.clear();
     for it in items.iter() {
         tokens.push(pending.insert(Pending {
+            t0,
             session: sid,
             user_data: it.user_data,
             op: it.op,
@@ -1112,11 +1234,14 @@ fn run_batch(
             }
             Ok(Submitted::Ready(o)) => {
                 let p = pending.remove(tok);
+                tally.add(p.op);
                 completion(ring, &p, Ok(o))
             }
             Err(e) => {
                 let p = pending.remove(tok);
                 stats.errors += 1;
+                ops_m.error(p.op as u8);
+                tally.add(p.op);
                 completion(ring, &p, Err(e))
             }
         };
@@ -1306,6 +1431,7 @@ fn checkpoint_op(
         .unwrap_or_else(|p| p.into_inner())
         .operator_states(job, operator);
     let tok = pending.insert(Pending {
+        t0: Instant::now(),
         session: sid,
         user_data: v.user_data,
         op: v.op,
@@ -1385,7 +1511,25 @@ fn snapshot_op(
                 hi,
                 states,
             };
-            match store.export(spec) {
+            let started = if v.flags & sqe_flags::FROM_CHECKPOINTS != 0 {
+                // Handles back to back, copied out of shared memory first.
+                const HANDLE: usize = stator_store::manifest::HANDLE_LEN;
+                if v.value.len == 0
+                    || !v.value.len.is_multiple_of(HANDLE)
+                    || v.value.len > 4096 * HANDLE
+                {
+                    return done(Status::BadArgument);
+                }
+                let mut hs = vec![0u8; v.value.len];
+                if ring.view().read_into(v.value.off, &mut hs).is_err() {
+                    return done(Status::BadRange);
+                }
+                let handles: Vec<&[u8]> = hs.chunks(HANDLE).collect();
+                store.export_checkpoints(spec, &handles)
+            } else {
+                store.export(spec)
+            };
+            match started {
                 Ok(id) => {
                     *cx.export = Some(ExportState {
                         snapshot: v.arg,
@@ -1467,6 +1611,7 @@ fn snapshot_op(
                 }
             };
             let tok = cx.pending.insert(Pending {
+                t0: Instant::now(),
                 session: cx.sid,
                 user_data: v.user_data,
                 op: v.op,

@@ -1,0 +1,718 @@
+//! The status socket: HTTP/1.1 (hyper) on `<run_dir>/status.sock`.
+//!
+//! - `GET /status`: JSON (version, uptime, shards, sessions, memory used
+//!   against the budget, disk used, retained checkpoints, errors);
+//! - `GET /metrics`: Prometheus text exposition (`prometheus-client`);
+//! - `GET /healthz`: `200 ok` while every shard loop reports, `503` with
+//!   the reason when one is stuck or the daemon is stopping.
+//!
+//! It runs on one thread of its own with a single-threaded tokio runtime,
+//! off the shard threads: it reads what the shards publish (relaxed
+//! counters and a report rebuilt every
+//! [`REPORT_EVERY`](crate::shard::REPORT_EVERY)) and never waits
+//! for a shard. Only uids that may open sessions, root and the daemon's
+//! own uid may connect (SO_PEERCRED); others get `403`.
+//!
+//! `curl --unix-socket stator-run/status.sock http://localhost/metrics`
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Method, Request, Response, StatusCode};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use serde_json::json;
+
+use crate::control::Ctx;
+use crate::metrics::{BUCKETS, OPS, OpSnapshot, ShardReport, bucket_bound_s, op_name};
+
+/// A shard whose report is older than this is stuck.
+pub const STUCK_AFTER: Duration = Duration::from_secs(5);
+
+/// The running status server.
+pub struct StatusServer {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl StatusServer {
+    /// Binds `<run_dir>/status.sock` and serves it from a thread.
+    pub fn start(ctx: Arc<Ctx>, started: Instant) -> std::io::Result<StatusServer> {
+        let path = ctx.cfg().status_path();
+        // The control socket was checked for another daemon first: a file
+        // here is a leftover of a crash.
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path)?;
+        listener.set_nonblocking(true)?;
+        // Who may read is decided per connection (SO_PEERCRED).
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("statord-status".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match tokio::net::UnixListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(error = %e, "the status socket cannot be served");
+                            return;
+                        }
+                    };
+                    loop {
+                        tokio::select! {
+                            _ = &mut rx => break,
+                            a = listener.accept() => match a {
+                                Ok((stream, _)) => {
+                                    let c = ctx.clone();
+                                    tokio::spawn(serve(stream, c, started));
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "status socket accept failed");
+                                    tokio::time::sleep(Duration::from_millis(100)).await;
+                                }
+                            },
+                        }
+                    }
+                });
+            })?;
+        Ok(StatusServer {
+            stop: Some(tx),
+            thread: Some(thread),
+            path,
+        })
+    }
+
+    /// Stops serving and removes the socket file.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for StatusServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn serve(stream: tokio::net::UnixStream, ctx: Arc<Ctx>, started: Instant) {
+    let uid = stream.peer_cred().map(|c| c.uid()).ok();
+    let allowed = uid.is_some_and(|u| {
+        u == 0 || u == nix::unistd::geteuid().as_raw() || ctx.cfg().allowed_uids.contains(&u)
+    });
+    let svc = hyper::service::service_fn(move |req| {
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(route(&req, &ctx, started, allowed, uid)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10))
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "status connection ended with an error");
+    }
+}
+
+fn reply(code: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header(hyper::header::CONTENT_TYPE, ctype)
+        .header(hyper::header::CACHE_CONTROL, "no-store")
+        .body(Full::new(body.into()))
+        .expect("a response from valid parts")
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+fn route<B>(
+    req: &Request<B>,
+    ctx: &Ctx,
+    started: Instant,
+    allowed: bool,
+    uid: Option<u32>,
+) -> Response<Full<Bytes>> {
+    if !allowed {
+        return reply(
+            StatusCode::FORBIDDEN,
+            TEXT,
+            format!(
+                "uid {} may not read this daemon's status (allowed_uids, root or statord's own uid)\n",
+                uid.map_or("unknown".into(), |u| u.to_string())
+            ),
+        );
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            "only GET and HEAD are served\n",
+        );
+        r.headers_mut()
+            .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header"));
+        return r;
+    }
+    let mut r = match req.uri().path() {
+        "/status" => {
+            let g = Gathered::now(ctx, started);
+            let mut body = serde_json::to_vec_pretty(&g.status_json()).expect("JSON");
+            body.push(b'\n');
+            reply(StatusCode::OK, "application/json", body)
+        }
+        "/metrics" => {
+            let g = Gathered::now(ctx, started);
+            let mut reg = prometheus_client::registry::Registry::with_prefix("stator");
+            reg.register_collector(Box::new(g));
+            let mut out = String::new();
+            match prometheus_client::encoding::prometheus_text::encode(&mut out, &reg) {
+                Ok(()) => reply(
+                    StatusCode::OK,
+                    prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                    out,
+                ),
+                Err(_) => reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    TEXT,
+                    "metrics could not be encoded\n",
+                ),
+            }
+        }
+        "/healthz" => match health(ctx) {
+            Ok(()) => reply(StatusCode::OK, TEXT, "ok\n"),
+            Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, why + "\n"),
+        },
+        "/" => reply(
+            StatusCode::OK,
+            TEXT,
+            "statord status socket: GET /status (JSON), /metrics (Prometheus text), /healthz\n",
+        ),
+        p => reply(
+            StatusCode::NOT_FOUND,
+            TEXT,
+            format!("no such path {p}: try /status, /metrics or /healthz\n"),
+        ),
+    };
+    if req.method() == Method::HEAD {
+        *r.body_mut() = Full::new(Bytes::new());
+    }
+    r
+}
+
+/// `Ok` while the daemon serves and every shard loop reports.
+pub fn health(ctx: &Ctx) -> Result<(), String> {
+    if ctx.stopping.load(Ordering::Acquire) {
+        return Err("stopping".into());
+    }
+    let mut stuck = Vec::new();
+    for (i, h) in ctx.shards.iter().enumerate() {
+        let age = h
+            .live
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .at
+            .elapsed();
+        if age > STUCK_AFTER {
+            stuck.push(format!(
+                "shard {i} has not reported for {:.1} s",
+                age.as_secs_f64()
+            ));
+        }
+    }
+    if stuck.is_empty() {
+        Ok(())
+    } else {
+        Err(stuck.join("; "))
+    }
+}
+
+/// Bytes of the files under `dir` (recursively; unreadable entries skipped).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Lower-case hex of `b` (checkpoint handles).
+pub fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+/// Bytes of a hex string, or `None`.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim();
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// Everything the shards published, read at one moment.
+#[derive(Debug)]
+struct Gathered {
+    uptime: Duration,
+    stopping: bool,
+    sessions_open: usize,
+    max_sessions: usize,
+    shards: Vec<(ShardReport, u64)>,
+    ops: OpSnapshot,
+    data_dir: PathBuf,
+    data_dir_bytes: u64,
+}
+
+impl Gathered {
+    fn now(ctx: &Ctx, started: Instant) -> Gathered {
+        let cfg = ctx.cfg();
+        let mut ops = OpSnapshot::default();
+        let shards = ctx
+            .shards
+            .iter()
+            .map(|h| {
+                ops.add(&h.live.ops.read());
+                let r = h
+                    .live
+                    .report
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                (r, h.live.requests.load(Ordering::Relaxed))
+            })
+            .collect();
+        Gathered {
+            uptime: started.elapsed(),
+            stopping: ctx.stopping.load(Ordering::Acquire),
+            sessions_open: ctx.sessions.load(Ordering::Acquire),
+            max_sessions: cfg.max_sessions,
+            shards,
+            ops,
+            data_dir: cfg.data_dir.clone(),
+            data_dir_bytes: dir_bytes(&cfg.data_dir),
+        }
+    }
+
+    fn memory(&self) -> (u64, u64, u64, u64) {
+        self.shards.iter().fold((0, 0, 0, 0), |a, (r, _)| {
+            (
+                a.0 + r.memory.memtables as u64,
+                a.1 + r.memory.block_cache as u64,
+                a.2 + r.memory.indexes_and_filters as u64,
+                a.3 + r.memory.budget as u64,
+            )
+        })
+    }
+
+    fn status_json(&self) -> serde_json::Value {
+        let (mt, bc, ix, budget) = self.memory();
+        let now_unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut sessions = Vec::new();
+        let mut checkpoints = Vec::new();
+        let mut errors = Vec::new();
+        let shards: Vec<_> = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, (r, requests))| {
+                sessions.extend(r.sessions.iter().cloned());
+                for c in &r.checkpoints {
+                    let mut parts = c.owner.splitn(2, |&b| b == 0);
+                    let job = String::from_utf8_lossy(parts.next().unwrap_or_default());
+                    let op = String::from_utf8_lossy(parts.next().unwrap_or_default());
+                    checkpoints.push(json!({
+                        "shard": i,
+                        "job": job,
+                        "operator": op,
+                        "checkpoint_id": c.checkpoint_id,
+                        "key_group_lo": c.lo,
+                        "key_group_hi": c.hi,
+                        "handle": hex(&c.handle),
+                        "segments": c.segments,
+                        "completed": c.completed,
+                        "manifest": c.seq,
+                    }));
+                }
+                let age = r.at.elapsed();
+                if age > STUCK_AFTER {
+                    errors.push(format!(
+                        "shard {i} has not reported for {:.1} s",
+                        age.as_secs_f64()
+                    ));
+                }
+                if let Some(e) = &r.store.last_background_error {
+                    errors.push(format!("shard {i}: {e}"));
+                }
+                let m = &r.memory;
+                json!({
+                    "id": i,
+                    "report_age_ms": age.as_millis() as u64,
+                    "requests": requests,
+                    "sessions": r.sessions.len(),
+                    "in_flight": r.sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
+                    "memory": {
+                        "used_bytes": m.total(),
+                        "budget_bytes": m.budget,
+                        "memtables_bytes": m.memtables,
+                        "block_cache_bytes": m.block_cache,
+                        "indexes_and_filters_bytes": m.indexes_and_filters,
+                    },
+                    "store": {
+                        "segments": r.store.segments,
+                        "segment_bytes": r.store.segment_bytes,
+                        "flushes": r.store.flushes,
+                        "compactions": r.store.compactions,
+                        "block_reads": r.store.block_reads,
+                        "cache_hits": r.store.cache_hits,
+                        "cache_misses": r.store.cache_misses,
+                        "pending_reads": r.store.pending_reads,
+                        "checkpoints_retained": r.store.checkpoints_retained,
+                        "checkpoints_in_progress": r.store.checkpoints_in_progress,
+                        "last_background_error": r.store.last_background_error.as_ref().map(|e| e.to_string()),
+                    },
+                })
+            })
+            .collect();
+        let request_errors: u64 = self.ops.errors.iter().sum();
+        // Per operation: counts, and latency buckets (not cumulative; upper
+        // bounds in `latency_bucket_bounds_s`) so a reader can take
+        // quantiles over any interval from two reads.
+        let ops: serde_json::Map<String, serde_json::Value> = (0..=OPS)
+            .map(|i| {
+                let lat = self.ops.latency.get(i);
+                (
+                    op_name(i),
+                    json!({
+                        "requests": self.ops.requests[i],
+                        "errors": self.ops.errors[i],
+                        "latency_sum_s": lat.map_or(0.0, |h| h.sum_ns as f64 / 1e9),
+                        "latency_buckets": lat.map_or(vec![0; BUCKETS], |h| h.buckets.to_vec()),
+                    }),
+                )
+            })
+            .collect();
+        let bounds: Vec<Option<f64>> = (0..BUCKETS)
+            .map(|i| Some(bucket_bound_s(i)).filter(|b| b.is_finite()))
+            .collect();
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
+            "uptime_s": self.uptime.as_secs_f64(),
+            "now_unix": now_unix,
+            "state": if self.stopping { "stopping" } else { "serving" },
+            "sessions_open": self.sessions_open,
+            "max_sessions": self.max_sessions,
+            "requests": self.ops.requests.iter().sum::<u64>(),
+            "in_flight": sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
+            "memory": {
+                "used_bytes": mt + bc + ix,
+                "budget_bytes": budget,
+                "memtables_bytes": mt,
+                "block_cache_bytes": bc,
+                "indexes_and_filters_bytes": ix,
+            },
+            "disk": {
+                "data_dir": self.data_dir.display().to_string(),
+                "used_bytes": self.data_dir_bytes,
+                "segment_bytes": self.shards.iter().map(|(r, _)| r.store.segment_bytes).sum::<u64>(),
+                "segments": self.shards.iter().map(|(r, _)| r.store.segments).sum::<usize>(),
+            },
+            "ops": ops,
+            "latency_bucket_bounds_s": bounds,
+            "shards": shards,
+            "sessions": sessions,
+            "checkpoints": checkpoints,
+            "errors": {
+                "request_errors": request_errors,
+                "problems": errors,
+            },
+        })
+    }
+}
+
+type Fmt = std::fmt::Result;
+
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> Fmt {
+    e.encode_descriptor(name, help, None, MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Fmt {
+    e.encode_descriptor(name, help, None, MetricType::Counter)?
+        .encode_counter::<NoLabelSet, _, u64>(&v, None)
+}
+
+/// The histogram families of `hists` (label `op`), in seconds.
+fn histograms<'a>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    hists: impl Iterator<Item = (String, &'a crate::metrics::HistSnapshot)>,
+) -> Fmt {
+    let mut m = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (op, h) in hists {
+        let buckets: Vec<(f64, u64)> = (0..BUCKETS)
+            .map(|i| (bucket_bound_s(i), h.buckets[i]))
+            .collect();
+        let labels = [("op", op)];
+        m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+            h.sum_ns as f64 / 1e9,
+            h.count(),
+            &buckets,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+impl Collector for Gathered {
+    fn encode(&self, mut e: DescriptorEncoder) -> Fmt {
+        e.encode_descriptor("build", "statord's version", None, MetricType::Info)?
+            .encode_info(&[("version", env!("CARGO_PKG_VERSION"))])?;
+        gauge(
+            &mut e,
+            "uptime_seconds",
+            "Seconds since statord started",
+            self.uptime.as_secs_f64(),
+        )?;
+        gauge(
+            &mut e,
+            "sessions",
+            "Open sessions",
+            self.sessions_open as f64,
+        )?;
+        gauge(
+            &mut e,
+            "max_sessions",
+            "Sessions allowed at once (max_sessions)",
+            self.max_sessions as f64,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "requests",
+                "Requests taken off submission queues, by operation",
+                None,
+                MetricType::Counter,
+            )?;
+            for i in 0..=OPS {
+                m.encode_family(&[("op", op_name(i))])?
+                    .encode_counter::<NoLabelSet, _, u64>(&self.ops.requests[i], None)?;
+            }
+        }
+        {
+            let mut m = e.encode_descriptor(
+                "request_errors",
+                "Requests completed with a failure status, by operation",
+                None,
+                MetricType::Counter,
+            )?;
+            for i in 0..=OPS {
+                m.encode_family(&[("op", op_name(i))])?
+                    .encode_counter::<NoLabelSet, _, u64>(&self.ops.errors[i], None)?;
+            }
+        }
+        histograms(
+            &mut e,
+            "request_duration_seconds",
+            "Daemon-side request latency (descriptor taken to completion pushed), by operation",
+            self.ops
+                .latency
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (op_name(i), h)),
+        )?;
+        histograms(
+            &mut e,
+            "checkpoint_duration_seconds",
+            "Checkpoint barrier to durable manifest",
+            std::iter::once((
+                "checkpoint".to_string(),
+                &self.ops.latency[stator_ring::Opcode::Checkpoint as usize],
+            )),
+        )?;
+        let sess = self.shards.iter().flat_map(|(r, _)| &r.sessions);
+        gauge(
+            &mut e,
+            "in_flight",
+            "Requests in the daemon (taken, not completed)",
+            sess.clone().map(|s| s.in_flight as f64).sum(),
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "queue_depth",
+                "Entries waiting in session queues (submission: not yet taken; completion: not yet reaped)",
+                None,
+                MetricType::Gauge,
+            )?;
+            let sq: u64 = sess.clone().map(|s| s.sq_depth as u64).sum();
+            let cq: u64 = sess.clone().map(|s| s.cq_depth as u64).sum();
+            m.encode_family(&[("queue", "submission")])?
+                .encode_gauge(&sq)?;
+            m.encode_family(&[("queue", "completion")])?
+                .encode_gauge(&cq)?;
+        }
+        let (mt, bc, ix, budget) = self.memory();
+        {
+            let mut m = e.encode_descriptor(
+                "memory_bytes",
+                "Store memory in use, by part",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (part, v) in [
+                ("memtables", mt),
+                ("block_cache", bc),
+                ("indexes_and_filters", ix),
+            ] {
+                m.encode_family(&[("part", part)])?.encode_gauge(&v)?;
+            }
+        }
+        gauge(
+            &mut e,
+            "memory_budget_bytes",
+            "The stores' memory budget (memory_budget_mib)",
+            budget as f64,
+        )?;
+        let sum = |f: &dyn Fn(&ShardReport) -> u64| -> u64 {
+            self.shards.iter().map(|(r, _)| f(r)).sum()
+        };
+        counter(
+            &mut e,
+            "cache_hits",
+            "Block cache hits",
+            sum(&|r| r.store.cache_hits),
+        )?;
+        counter(
+            &mut e,
+            "cache_misses",
+            "Block cache misses",
+            sum(&|r| r.store.cache_misses),
+        )?;
+        counter(
+            &mut e,
+            "disk_block_reads",
+            "Data blocks read from disk",
+            sum(&|r| r.store.block_reads),
+        )?;
+        gauge(
+            &mut e,
+            "disk_pending_reads",
+            "Disk reads in flight",
+            sum(&|r| r.store.pending_reads as u64) as f64,
+        )?;
+        gauge(
+            &mut e,
+            "disk_segments",
+            "Live segment files",
+            sum(&|r| r.store.segments as u64) as f64,
+        )?;
+        gauge(
+            &mut e,
+            "disk_segment_bytes",
+            "Bytes of live segment files",
+            sum(&|r| r.store.segment_bytes) as f64,
+        )?;
+        gauge(
+            &mut e,
+            "disk_used_bytes",
+            "Bytes of every file under data_dir (segments that checkpoints keep included)",
+            self.data_dir_bytes as f64,
+        )?;
+        counter(
+            &mut e,
+            "flushes",
+            "Memtables written as segments",
+            sum(&|r| r.store.flushes),
+        )?;
+        counter(
+            &mut e,
+            "compactions",
+            "Compactions completed",
+            sum(&|r| r.store.compactions),
+        )?;
+        gauge(
+            &mut e,
+            "checkpoints_retained",
+            "Checkpoint manifests retained",
+            sum(&|r| r.store.checkpoints_retained as u64) as f64,
+        )?;
+        gauge(
+            &mut e,
+            "checkpoints_in_progress",
+            "Checkpoints taken and not yet durable",
+            sum(&|r| r.store.checkpoints_in_progress as u64) as f64,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "shard_up",
+                "1 while the shard loop reports, 0 once it is stuck",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (i, (r, _)) in self.shards.iter().enumerate() {
+                let up = u64::from(r.at.elapsed() <= STUCK_AFTER);
+                m.encode_family(&[("shard", i.to_string())])?
+                    .encode_gauge(&up)?;
+            }
+        }
+        gauge(
+            &mut e,
+            "background_errors",
+            "Shards whose last flush or compaction failed",
+            self.shards
+                .iter()
+                .filter(|(r, _)| r.store.last_background_error.is_some())
+                .count() as f64,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_junk() {
+        let b = [0u8, 1, 0xab, 0xff];
+        assert_eq!(hex(&b), "0001abff");
+        assert_eq!(unhex("0001ABff").unwrap(), b);
+        assert!(unhex("abc").is_none());
+        assert!(unhex("zz").is_none());
+        assert!(unhex("é1").is_none());
+    }
+}
