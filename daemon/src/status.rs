@@ -705,6 +705,68 @@ impl Collector for Gathered {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+    use std::sync::{Mutex, RwLock};
+
+    use crate::config::Config;
+    use crate::control::Registry;
+    use crate::shard::{Live, ShardHandle};
+
+    fn ctx(dir: &Path) -> Ctx {
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        Ctx {
+            cfg: RwLock::new(Arc::new(Config::default())),
+            shards: vec![ShardHandle {
+                tx,
+                bell: Arc::new(stator_ring::Doorbell::new().unwrap()),
+                live: Arc::new(Live::default()),
+            }],
+            registry: Arc::new(Mutex::new(Registry::open(dir).unwrap())),
+            stopping: AtomicBool::new(false),
+            sessions: AtomicUsize::new(0),
+            next_session: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    fn get(ctx: &Ctx, path: &str, allowed: bool) -> (StatusCode, String) {
+        let req = Request::get(path).body(()).unwrap();
+        let r = route(&req, ctx, Instant::now(), allowed, Some(4242));
+        let code = r.status();
+        let body = futures_body(r);
+        (code, body)
+    }
+
+    fn futures_body(r: Response<Full<Bytes>>) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let b = rt.block_on(http_body_util::BodyExt::collect(r.into_body()));
+        String::from_utf8(b.unwrap().to_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn healthz_names_a_stuck_shard_and_stopping_and_strangers_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let c = ctx(d.path());
+        assert_eq!(get(&c, "/healthz", true), (StatusCode::OK, "ok\n".into()));
+        // A shard whose report is older than STUCK_AFTER.
+        c.shards[0].live.report.lock().unwrap().at =
+            Instant::now() - STUCK_AFTER - Duration::from_secs(1);
+        let (code, body) = get(&c, "/healthz", true);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("shard 0 has not reported"), "{body}");
+        let (_, m) = get(&c, "/metrics", true);
+        assert!(m.contains("stator_shard_up{shard=\"0\"} 0"), "{m}");
+        c.stopping.store(true, Ordering::Release);
+        assert_eq!(
+            get(&c, "/healthz", true),
+            (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".into())
+        );
+        let (code, body) = get(&c, "/status", false);
+        assert_eq!(code, StatusCode::FORBIDDEN);
+        assert!(body.contains("uid 4242"), "{body}");
+    }
 
     #[test]
     fn hex_round_trips_and_refuses_junk() {
