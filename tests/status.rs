@@ -114,7 +114,7 @@ fn status_metrics_and_healthz_answer_curl_and_statorctl_with_what_happened() {
         "stator_request_duration_seconds_count{op=\"put\"} 300",
         "stator_request_duration_seconds_count{op=\"get\"} 401",
         "stator_request_duration_seconds_bucket{op=\"get\",le=\"+Inf\"} 401",
-        "stator_checkpoint_duration_seconds_count{op=\"checkpoint\"} 1",
+        "stator_request_duration_seconds_count{op=\"checkpoint\"} 1",
         "stator_sessions 1",
         "stator_memory_budget_bytes 268435456",
         "stator_shard_up{shard=\"0\"} 1",

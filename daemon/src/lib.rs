@@ -165,8 +165,21 @@ impl Daemon {
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
         });
-        let status = StatusServer::start(ctx.clone(), started)
-            .map_err(path_err("cannot serve the status socket", &status_path))?;
+        let status = match StatusServer::start(ctx.clone(), started) {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing serves yet: undo what was started.
+                drop(listener);
+                let _ = std::fs::remove_file(&sock);
+                for h in &ctx.shards {
+                    h.send(ShardMsg::Shutdown);
+                }
+                for j in shards {
+                    let _ = j.join();
+                }
+                return Err(path_err("cannot serve the status socket", &status_path)(e));
+            }
+        };
         let c = ctx.clone();
         let acceptor = std::thread::Builder::new()
             .name("statord-accept".into())

@@ -11,9 +11,13 @@
 //! Latency is the daemon's part of a request: from the pass that takes
 //! its descriptor off the submission queue to the pass that pushes its
 //! completion. Requests answered in the same pass share that pass's time.
+//! `ChunkRelease` and `SnapshotImport` are not timed: they complete when
+//! the export has the next chunk ready or the disk has caught up with the
+//! import (flow control, not service time). A request counts as an error
+//! when its completion carries a failure status (`NotFound` is not one).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use stator_ring::Opcode;
@@ -143,6 +147,12 @@ impl Default for OpMetrics {
     }
 }
 
+/// Whether `op`'s latency is recorded (see the module doc).
+#[inline]
+pub fn timed(op: Opcode) -> bool {
+    !matches!(op, Opcode::ChunkRelease | Opcode::SnapshotImport)
+}
+
 /// Index of a wire opcode byte.
 #[inline]
 pub fn op_index(opcode: u8) -> usize {
@@ -177,7 +187,9 @@ impl OpMetrics {
 
     #[inline]
     pub fn latency(&self, op: Opcode, ns: u64, n: u64) {
-        self.latency[op as usize].record(ns, n);
+        if timed(op) {
+            self.latency[op as usize].record(ns, n);
+        }
     }
 
     pub fn read(&self) -> OpSnapshot {
@@ -238,8 +250,10 @@ impl Default for Tally {
 impl Tally {
     #[inline]
     pub fn add(&mut self, op: Opcode) {
-        self.n[op as usize] += 1;
-        self.any = true;
+        if timed(op) {
+            self.n[op as usize] += 1;
+            self.any = true;
+        }
     }
 
     /// Records every counted request with latency `ns` and starts over.
@@ -311,8 +325,25 @@ impl Default for ShardReport {
     }
 }
 
-/// The published report of a shard.
-pub type Report = Mutex<ShardReport>;
+/// The published report of a shard: swapped whole, so neither side holds
+/// the lock for more than a pointer copy.
+#[derive(Debug, Default)]
+pub struct Report(Mutex<Arc<ShardReport>>);
+
+impl Report {
+    pub fn get(&self) -> Arc<ShardReport> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Publishes `r`; the previous report is freed outside the lock.
+    pub fn set(&self, r: ShardReport) {
+        let old = std::mem::replace(
+            &mut *self.0.lock().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(r),
+        );
+        drop(old);
+    }
+}
 
 #[cfg(test)]
 mod tests {

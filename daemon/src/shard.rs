@@ -801,7 +801,7 @@ impl Shard {
                             snapshot_op(store, ring, sqe, who, ctx)?
                         };
                         if let Some(c) = c {
-                            if c.status != Status::Ok as i32 {
+                            if c.status < 0 {
                                 live.ops.error(sqe.opcode);
                             }
                             tally.add(op.expect("matched above"));
@@ -882,9 +882,6 @@ impl Shard {
             let p = pending.remove(tok as usize);
             live.ops
                 .latency(p.op, now.saturating_duration_since(p.t0).as_nanos() as u64, 1);
-            if res.is_err() {
-                live.ops.error(p.op as u8);
-            }
             checkpoints |= p.op == Opcode::Checkpoint;
             // One log line per checkpoint and per installed import (never
             // one per request).
@@ -915,6 +912,9 @@ impl Shard {
             s.dirty = true;
             let r = s.mem.with_dependent_mut(|_, ring| {
                 let c = completion(ring, &p, res);
+                if c.status < 0 {
+                    live.ops.error(p.op as u8);
+                }
                 push(ring, &c)
             });
             if r.is_err() {
@@ -1011,7 +1011,10 @@ impl Shard {
 
     /// Rebuilds the report if asked to, or if it is [`REPORT_EVERY`] old.
     fn maybe_report(&mut self, now: Instant, reported: &mut Instant) {
-        if self.report_now || now.duration_since(*reported) >= REPORT_EVERY {
+        let age = now.duration_since(*reported);
+        // Asked for (a session came or went, a checkpoint completed): soon,
+        // but at most every 20 ms, so a burst of them costs one rebuild.
+        if (self.report_now && age >= Duration::from_millis(20)) || age >= REPORT_EVERY {
             *reported = now;
             self.report_now = false;
             self.report();
@@ -1062,7 +1065,7 @@ impl Shard {
             store: self.store.stats(),
             checkpoints: self.store.checkpoints(),
         };
-        *self.live.report.lock().unwrap_or_else(|p| p.into_inner()) = r;
+        self.live.report.set(r);
     }
 
     /// Publishes the completions of every session that has new ones, and
@@ -1123,6 +1126,9 @@ impl Shard {
             }
             let t = if self.store.busy() || self.store.pending() > 0 {
                 Duration::from_millis(1)
+            } else if self.report_now {
+                // A report is due within 20 ms.
+                Duration::from_millis(20)
             } else {
                 Duration::from_secs(1)
             };
@@ -1240,24 +1246,22 @@ fn run_batch(
             ring.view().prefetch(r.off + 64, true);
         }
         let tok = tokens[i] as usize;
-        let c = match res {
+        let (p, res) = match res {
             Ok(Submitted::Pending) => {
                 *in_flight += 1;
                 return;
             }
-            Ok(Submitted::Ready(o)) => {
-                let p = pending.remove(tok);
-                tally.add(p.op);
-                completion(ring, &p, Ok(o))
-            }
+            Ok(Submitted::Ready(o)) => (pending.remove(tok), Ok(o)),
             Err(e) => {
-                let p = pending.remove(tok);
                 stats.errors += 1;
-                ops_m.error(p.op as u8);
-                tally.add(p.op);
-                completion(ring, &p, Err(e))
+                (pending.remove(tok), Err(e))
             }
         };
+        tally.add(p.op);
+        let c = completion(ring, &p, res);
+        if c.status < 0 {
+            ops_m.error(p.op as u8);
+        }
         if err.is_ok() {
             err = push(ring, &c);
         }

@@ -8,10 +8,14 @@
 //!
 //! It runs on one thread of its own with a single-threaded tokio runtime,
 //! off the shard threads: it reads what the shards publish (relaxed
-//! counters and a report rebuilt every
-//! [`REPORT_EVERY`](crate::shard::REPORT_EVERY)) and never waits
-//! for a shard. Only uids that may open sessions, root and the daemon's
-//! own uid may connect (SO_PEERCRED); others get `403`.
+//! counters, each shard's loop `beat`, and a report rebuilt every
+//! [`REPORT_EVERY`](crate::shard::REPORT_EVERY)) and never waits for a
+//! shard; gathering a status (which walks `data_dir`) runs on the
+//! runtime's blocking pool, so `/healthz` never waits behind it. Only uids
+//! that may open sessions, root and the daemon's own uid may read
+//! (SO_PEERCRED, checked per request); others get `403` and the
+//! connection closes. At most [`MAX_CONNECTIONS`] connections are served
+//! at once; more are closed at accept.
 //!
 //! `curl --unix-socket stator-run/status.sock http://localhost/metrics`
 
@@ -35,8 +39,43 @@ use serde_json::json;
 use crate::control::Ctx;
 use crate::metrics::{BUCKETS, OPS, OpSnapshot, ShardReport, bucket_bound_s, op_name};
 
-/// A shard whose report is older than this is stuck.
+/// A shard whose loop has not moved for this long is stuck.
 pub const STUCK_AFTER: Duration = Duration::from_secs(5);
+
+/// Status connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// When each shard's loop `beat` last moved, as this server saw it.
+#[derive(Debug, Default)]
+pub struct Beats(std::sync::Mutex<Vec<(u64, Instant)>>);
+
+impl Beats {
+    /// The shards whose loop has not moved for [`STUCK_AFTER`], with how
+    /// long. An idle shard wakes every second, so a still beat is a stuck
+    /// loop.
+    pub fn stuck(&self, ctx: &Ctx) -> Vec<(usize, Duration)> {
+        let now = Instant::now();
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.resize(ctx.shards.len(), (u64::MAX, now));
+        let mut out = Vec::new();
+        for (i, (h, s)) in ctx.shards.iter().zip(seen.iter_mut()).enumerate() {
+            let b = h.live.beat.load(Ordering::Relaxed);
+            if b != s.0 {
+                *s = (b, now);
+            } else if now.duration_since(s.1) > STUCK_AFTER {
+                out.push((i, now.duration_since(s.1)));
+            }
+        }
+        out
+    }
+}
+
+fn stuck_text(stuck: &[(usize, Duration)]) -> Vec<String> {
+    stuck
+        .iter()
+        .map(|(i, d)| format!("shard {i} has not moved for {:.1} s", d.as_secs_f64()))
+        .collect()
+}
 
 /// The running status server.
 pub struct StatusServer {
@@ -60,6 +99,8 @@ impl StatusServer {
             .enable_all()
             .build()?;
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let beats = Arc::new(Beats::default());
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         let thread = std::thread::Builder::new()
             .name("statord-status".into())
             .spawn(move || {
@@ -76,8 +117,15 @@ impl StatusServer {
                             _ = &mut rx => break,
                             a = listener.accept() => match a {
                                 Ok((stream, _)) => {
-                                    let c = ctx.clone();
-                                    tokio::spawn(serve(stream, c, started));
+                                    // Over the cap: closed at once.
+                                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                                        continue;
+                                    };
+                                    let (c, b) = (ctx.clone(), beats.clone());
+                                    tokio::spawn(async move {
+                                        serve(stream, c, b, started).await;
+                                        drop(slot);
+                                    });
                                 }
                                 Err(e) => {
                                     tracing::warn!(error = %e, "status socket accept failed");
@@ -117,18 +165,49 @@ impl Drop for StatusServer {
     }
 }
 
-async fn serve(stream: tokio::net::UnixStream, ctx: Arc<Ctx>, started: Instant) {
-    let uid = stream.peer_cred().map(|c| c.uid()).ok();
-    let allowed = uid.is_some_and(|u| {
+/// Whether `uid` may read the status (the configuration in force now).
+fn allowed(ctx: &Ctx, uid: Option<u32>) -> bool {
+    uid.is_some_and(|u| {
         u == 0 || u == nix::unistd::geteuid().as_raw() || ctx.cfg().allowed_uids.contains(&u)
-    });
+    })
+}
+
+async fn serve(stream: tokio::net::UnixStream, ctx: Arc<Ctx>, beats: Arc<Beats>, started: Instant) {
+    let uid = stream.peer_cred().map(|c| c.uid()).ok();
+    // A stranger gets its 403 and the connection closes.
+    let keep_alive = allowed(&ctx, uid);
     let svc = hyper::service::service_fn(move |req| {
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(route(&req, &ctx, started, allowed, uid)) }
+        let (ctx, beats) = (ctx.clone(), beats.clone());
+        async move {
+            let ok = allowed(&ctx, uid);
+            let path = req.uri().path().to_string();
+            let mut r = if ok && matches!(path.as_str(), "/status" | "/metrics") {
+                // Gathering walks data_dir: on the blocking pool.
+                let (c, b) = (ctx.clone(), beats.clone());
+                match tokio::task::spawn_blocking(move || Gathered::now(&c, &b, started)).await {
+                    Ok(g) => route(&req, &ctx, &beats, Some(g), ok, uid),
+                    Err(_) => reply(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        TEXT,
+                        "status gathering failed\n",
+                    ),
+                }
+            } else {
+                route(&req, &ctx, &beats, None, ok, uid)
+            };
+            if !ok {
+                r.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    "close".parse().expect("a header"),
+                );
+            }
+            Ok::<_, Infallible>(r)
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(Duration::from_secs(10))
+        .keep_alive(keep_alive)
         .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "status connection ended with an error");
@@ -146,10 +225,13 @@ fn reply(code: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Response<Full
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
+/// Answers `req`; `gathered` is the status read for `/status` and
+/// `/metrics`.
 fn route<B>(
     req: &Request<B>,
     ctx: &Ctx,
-    started: Instant,
+    beats: &Beats,
+    gathered: Option<Gathered>,
     allowed: bool,
     uid: Option<u32>,
 ) -> Response<Full<Bytes>> {
@@ -173,15 +255,13 @@ fn route<B>(
             .insert(hyper::header::ALLOW, "GET, HEAD".parse().expect("a header"));
         return r;
     }
-    let mut r = match req.uri().path() {
-        "/status" => {
-            let g = Gathered::now(ctx, started);
+    let mut r = match (req.uri().path(), gathered) {
+        ("/status", Some(g)) => {
             let mut body = serde_json::to_vec_pretty(&g.status_json()).expect("JSON");
             body.push(b'\n');
             reply(StatusCode::OK, "application/json", body)
         }
-        "/metrics" => {
-            let g = Gathered::now(ctx, started);
+        ("/metrics", Some(g)) => {
             let mut reg = prometheus_client::registry::Registry::with_prefix("stator");
             reg.register_collector(Box::new(g));
             let mut out = String::new();
@@ -198,16 +278,16 @@ fn route<B>(
                 ),
             }
         }
-        "/healthz" => match health(ctx) {
+        ("/healthz", _) => match health(ctx, beats) {
             Ok(()) => reply(StatusCode::OK, TEXT, "ok\n"),
             Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, why + "\n"),
         },
-        "/" => reply(
+        ("/", _) => reply(
             StatusCode::OK,
             TEXT,
             "statord status socket: GET /status (JSON), /metrics (Prometheus text), /healthz\n",
         ),
-        p => reply(
+        (p, _) => reply(
             StatusCode::NOT_FOUND,
             TEXT,
             format!("no such path {p}: try /status, /metrics or /healthz\n"),
@@ -219,31 +299,16 @@ fn route<B>(
     r
 }
 
-/// `Ok` while the daemon serves and every shard loop reports.
-pub fn health(ctx: &Ctx) -> Result<(), String> {
+/// `Ok` while the daemon serves and every shard loop moves.
+pub fn health(ctx: &Ctx, beats: &Beats) -> Result<(), String> {
     if ctx.stopping.load(Ordering::Acquire) {
         return Err("stopping".into());
     }
-    let mut stuck = Vec::new();
-    for (i, h) in ctx.shards.iter().enumerate() {
-        let age = h
-            .live
-            .report
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .at
-            .elapsed();
-        if age > STUCK_AFTER {
-            stuck.push(format!(
-                "shard {i} has not reported for {:.1} s",
-                age.as_secs_f64()
-            ));
-        }
-    }
+    let stuck = beats.stuck(ctx);
     if stuck.is_empty() {
         Ok(())
     } else {
-        Err(stuck.join("; "))
+        Err(stuck_text(&stuck).join("; "))
     }
 }
 
@@ -289,14 +354,15 @@ struct Gathered {
     stopping: bool,
     sessions_open: usize,
     max_sessions: usize,
-    shards: Vec<(ShardReport, u64)>,
+    shards: Vec<(Arc<ShardReport>, u64)>,
+    stuck: Vec<(usize, Duration)>,
     ops: OpSnapshot,
     data_dir: PathBuf,
     data_dir_bytes: u64,
 }
 
 impl Gathered {
-    fn now(ctx: &Ctx, started: Instant) -> Gathered {
+    fn now(ctx: &Ctx, beats: &Beats, started: Instant) -> Gathered {
         let cfg = ctx.cfg();
         let mut ops = OpSnapshot::default();
         let shards = ctx
@@ -304,13 +370,7 @@ impl Gathered {
             .iter()
             .map(|h| {
                 ops.add(&h.live.ops.read());
-                let r = h
-                    .live
-                    .report
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                (r, h.live.requests.load(Ordering::Relaxed))
+                (h.live.report.get(), h.live.requests.load(Ordering::Relaxed))
             })
             .collect();
         Gathered {
@@ -319,6 +379,7 @@ impl Gathered {
             sessions_open: ctx.sessions.load(Ordering::Acquire),
             max_sessions: cfg.max_sessions,
             shards,
+            stuck: beats.stuck(ctx),
             ops,
             data_dir: cfg.data_dir.clone(),
             data_dir_bytes: dir_bytes(&cfg.data_dir),
@@ -343,7 +404,7 @@ impl Gathered {
             .map_or(0, |d| d.as_secs());
         let mut sessions = Vec::new();
         let mut checkpoints = Vec::new();
-        let mut errors = Vec::new();
+        let mut errors = stuck_text(&self.stuck);
         let shards: Vec<_> = self
             .shards
             .iter()
@@ -368,12 +429,6 @@ impl Gathered {
                     }));
                 }
                 let age = r.at.elapsed();
-                if age > STUCK_AFTER {
-                    errors.push(format!(
-                        "shard {i} has not reported for {:.1} s",
-                        age.as_secs_f64()
-                    ));
-                }
                 if let Some(e) = &r.store.last_background_error {
                     errors.push(format!("shard {i}: {e}"));
                 }
@@ -381,6 +436,7 @@ impl Gathered {
                 json!({
                     "id": i,
                     "report_age_ms": age.as_millis() as u64,
+                    "stuck": self.stuck.iter().any(|s| s.0 == i),
                     "requests": requests,
                     "sessions": r.sessions.len(),
                     "in_flight": r.sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
@@ -548,21 +604,12 @@ impl Collector for Gathered {
         histograms(
             &mut e,
             "request_duration_seconds",
-            "Daemon-side request latency (descriptor taken to completion pushed), by operation",
+            "Daemon-side request latency (descriptor taken to completion pushed), by operation; op=\"checkpoint\" is the checkpoint duration (barrier to durable manifest); chunk_release and snapshot_import are not timed",
             self.ops
                 .latency
                 .iter()
                 .enumerate()
                 .map(|(i, h)| (op_name(i), h)),
-        )?;
-        histograms(
-            &mut e,
-            "checkpoint_duration_seconds",
-            "Checkpoint barrier to durable manifest",
-            std::iter::once((
-                "checkpoint".to_string(),
-                &self.ops.latency[stator_ring::Opcode::Checkpoint as usize],
-            )),
         )?;
         let sess = self.shards.iter().flat_map(|(r, _)| &r.sessions);
         gauge(
@@ -679,12 +726,12 @@ impl Collector for Gathered {
         {
             let mut m = e.encode_descriptor(
                 "shard_up",
-                "1 while the shard loop reports, 0 once it is stuck",
+                "1 while the shard loop moves, 0 once it has stood still for 5 s",
                 None,
                 MetricType::Gauge,
             )?;
-            for (i, (r, _)) in self.shards.iter().enumerate() {
-                let up = u64::from(r.at.elapsed() <= STUCK_AFTER);
+            for i in 0..self.shards.len() {
+                let up = u64::from(!self.stuck.iter().any(|s| s.0 == i));
                 m.encode_family(&[("shard", i.to_string())])?
                     .encode_gauge(&up)?;
             }
@@ -729,9 +776,10 @@ mod tests {
         }
     }
 
-    fn get(ctx: &Ctx, path: &str, allowed: bool) -> (StatusCode, String) {
+    fn get(ctx: &Ctx, beats: &Beats, path: &str, allowed: bool) -> (StatusCode, String) {
         let req = Request::get(path).body(()).unwrap();
-        let r = route(&req, ctx, Instant::now(), allowed, Some(4242));
+        let g = Gathered::now(ctx, beats, Instant::now());
+        let r = route(&req, ctx, beats, Some(g), allowed, Some(4242));
         let code = r.status();
         let body = futures_body(r);
         (code, body)
@@ -749,21 +797,27 @@ mod tests {
     fn healthz_names_a_stuck_shard_and_stopping_and_strangers_are_refused() {
         let d = tempfile::tempdir().unwrap();
         let c = ctx(d.path());
-        assert_eq!(get(&c, "/healthz", true), (StatusCode::OK, "ok\n".into()));
-        // A shard whose report is older than STUCK_AFTER.
-        c.shards[0].live.report.lock().unwrap().at =
-            Instant::now() - STUCK_AFTER - Duration::from_secs(1);
-        let (code, body) = get(&c, "/healthz", true);
+        let b = Beats::default();
+        assert_eq!(
+            get(&c, &b, "/healthz", true),
+            (StatusCode::OK, "ok\n".into())
+        );
+        // The loop's beat has not moved since longer than STUCK_AFTER.
+        b.0.lock().unwrap()[0].1 = Instant::now() - STUCK_AFTER - Duration::from_secs(1);
+        let (code, body) = get(&c, &b, "/healthz", true);
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
-        assert!(body.contains("shard 0 has not reported"), "{body}");
-        let (_, m) = get(&c, "/metrics", true);
+        assert!(body.contains("shard 0 has not moved"), "{body}");
+        let (_, m) = get(&c, &b, "/metrics", true);
         assert!(m.contains("stator_shard_up{shard=\"0\"} 0"), "{m}");
+        // It moves again: healthy.
+        c.shards[0].live.beat.store(7, Ordering::Relaxed);
+        assert_eq!(get(&c, &b, "/healthz", true).0, StatusCode::OK);
         c.stopping.store(true, Ordering::Release);
         assert_eq!(
-            get(&c, "/healthz", true),
+            get(&c, &b, "/healthz", true),
             (StatusCode::SERVICE_UNAVAILABLE, "stopping\n".into())
         );
-        let (code, body) = get(&c, "/status", false);
+        let (code, body) = get(&c, &b, "/status", false);
         assert_eq!(code, StatusCode::FORBIDDEN);
         assert!(body.contains("uid 4242"), "{body}");
     }

@@ -24,6 +24,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::Value;
 use stator_client::{Error as ClientError, OpenOptions, Request, Session};
 use statord::config::{Config, ConfigError};
+use statord::metrics::HistSnapshot;
 use statord::status::{hex, unhex};
 
 #[derive(Parser, Debug)]
@@ -58,12 +59,14 @@ enum Command {
     },
     /// Open sessions: job, operator, subtask, key groups, queues, in flight.
     Sessions {
+        /// Print the sessions' JSON (from /status) as it is.
         #[arg(long)]
         json: bool,
     },
     /// Retained checkpoints with their handles (what `snapshot export` and
     /// a restore take).
     Checkpoints {
+        /// Print the checkpoints' JSON (from /status) as it is.
         #[arg(long)]
         json: bool,
         /// Only this job's.
@@ -240,9 +243,15 @@ fn run(args: Args) -> Res<()> {
         }
         Command::Health => {
             let (code, body) = ctl.get("/healthz")?;
-            print!("{body}");
-            if code != 200 {
-                return Err(Fail(3, format!("statord is not healthy: {}", body.trim())));
+            match code {
+                200 => print!("{body}"),
+                503 => return Err(Fail(3, format!("statord is not healthy: {}", body.trim()))),
+                _ => {
+                    return Err(Fail::run(format!(
+                        "/healthz answered {code}: {}",
+                        body.trim()
+                    )));
+                }
             }
         }
         Command::Top { interval, count } => top(&ctl, interval, count)?,
@@ -632,28 +641,6 @@ fn op_counts(s: &Value) -> Vec<(String, u64, u64, Vec<u64>)> {
         .unwrap_or_default()
 }
 
-/// The upper bound of the bucket holding quantile `q` of `counts`.
-fn quantile(counts: &[u64], bounds: &[Value], q: f64) -> Option<f64> {
-    let n: u64 = counts.iter().sum();
-    if n == 0 {
-        return None;
-    }
-    let want = ((n as f64) * q).ceil().max(1.0) as u64;
-    let mut seen = 0;
-    for (i, c) in counts.iter().enumerate() {
-        seen += c;
-        if seen >= want {
-            return Some(
-                bounds
-                    .get(i)
-                    .and_then(Value::as_f64)
-                    .unwrap_or(f64::INFINITY),
-            );
-        }
-    }
-    Some(f64::INFINITY)
-}
-
 fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
     if !(interval.is_finite() && interval >= 0.05) {
         return Err(Fail::input("--interval must be at least 0.05 seconds"));
@@ -684,7 +671,6 @@ fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
             bytes(u(&cur["disk"]["used_bytes"]))
         );
         println!();
-        let bounds = arr(&cur["latency_bucket_bounds_s"]);
         let before = op_counts(&prev);
         let mut rows = Vec::new();
         let mut total = 0.0;
@@ -696,12 +682,13 @@ fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
             if dreq == 0 {
                 continue;
             }
-            let d: Vec<u64> = buckets
-                .iter()
-                .zip(pb.iter().chain(std::iter::repeat(&0)))
-                .map(|(a, b)| a.saturating_sub(*b))
-                .collect();
-            let q = |x| quantile(&d, bounds, x).map_or("-".into(), seconds);
+            // The interval's histogram: this read's buckets less the last.
+            let mut h = HistSnapshot::default();
+            for (i, d) in h.buckets.iter_mut().enumerate() {
+                let at = |b: &[u64]| b.get(i).copied().unwrap_or(0);
+                *d = at(&buckets).saturating_sub(at(pb));
+            }
+            let q = |x| h.quantile_bound_s(x).map_or("-".into(), seconds);
             total += dreq as f64 / dt;
             rows.push(vec![
                 name,
@@ -842,7 +829,7 @@ fn export(
     pb.finish_and_clear();
     let done = r
         .map_err(|e| match e {
-            ClientError::Status(_) | ClientError::Refused { .. } => Fail::input(format!(
+            ClientError::Status(stator_client::Status::BadArgument) => Fail::input(format!(
                 "statord refused the export: {e} (are the handles this operator's, and retained?)"
             )),
             e => Fail::run(format!("the export failed: {e}")),
@@ -970,7 +957,14 @@ fn import(ctl: &Ctl, who: &Who, checkpoint: u64, input: &Path, force: bool) -> R
             return Err(Fail::run(format!("cannot read {}: {e}", input.display())));
         }
         (Ok(n), None) => n,
-        (Err(e @ ClientError::Status(_)), None) => {
+        (
+            Err(
+                e @ ClientError::Status(
+                    stator_client::Status::BadSnapshot | stator_client::Status::BadArgument,
+                ),
+            ),
+            None,
+        ) => {
             return Err(Fail::input(format!(
                 "statord refused the snapshot: {e}; nothing was imported"
             )));

@@ -434,6 +434,35 @@ fn merged_record<'a>(
     out
 }
 
+impl Export {
+    fn new(
+        spec: &ExportSpec,
+        layers: Vec<(u64, Rc<Segment>, Clip)>,
+        waiting: Vec<(u64, Clip)>,
+        files: Vec<crate::io::FileId>,
+    ) -> Export {
+        Export {
+            enc: ChunkEncoder::new(spec.snapshot_id),
+            layers,
+            waiting,
+            started: false,
+            cursors: Vec::new(),
+            clips: Vec::new(),
+            carry: encode_states(&spec.states),
+            carry_at: 0,
+            clear: None,
+            merged: Vec::new(),
+            bound: Vec::new(),
+            heads: Vec::new(),
+            moved: Vec::new(),
+            finished: false,
+            cancelled: false,
+            error: None,
+            files,
+        }
+    }
+}
+
 impl Import {
     pub(super) fn in_flight(&self) -> bool {
         self.writers.iter().flatten().any(|w| !w.idle())
@@ -485,25 +514,9 @@ impl<I: Io> Store<I> {
                 layers.len() + waiting.len()
             )));
         }
-        Ok(self.exports.insert(Export {
-            enc: ChunkEncoder::new(spec.snapshot_id),
-            layers,
-            waiting,
-            started: false,
-            cursors: Vec::new(),
-            clips: Vec::new(),
-            carry: encode_states(&spec.states),
-            carry_at: 0,
-            clear: None,
-            merged: Vec::new(),
-            bound: Vec::new(),
-            heads: Vec::new(),
-            moved: Vec::new(),
-            finished: false,
-            cancelled: false,
-            error: None,
-            files: Vec::new(),
-        }))
+        Ok(self
+            .exports
+            .insert(Export::new(&spec, layers, waiting, Vec::new())))
     }
 
     /// Like [`Store::export`], but of what the retained checkpoints
@@ -525,17 +538,15 @@ impl<I: Io> Store<I> {
             )));
         }
         let manifests = self.checkpoint_manifests(&spec.owner, handles, spec.lo, spec.hi)?;
-        let opened = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
-        let files: Vec<_> = opened.iter().map(|s| s.file).collect();
-        if opened.len() > MAX_EXPORT_LAYERS {
-            for f in files {
-                self.io.close(f);
-            }
+        // Counted before any file is opened.
+        let named: usize = manifests.iter().map(|m| m.layers.len()).sum();
+        if named > MAX_EXPORT_LAYERS {
             return Err(StoreError::Limit(format!(
-                "the checkpoints have {} layers in the range",
-                opened.len()
+                "the checkpoints name {named} layers; at most {MAX_EXPORT_LAYERS} export at once"
             )));
         }
+        let opened = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
+        let files: Vec<_> = opened.iter().map(|s| s.file).collect();
         let states = state_set(spec.states.iter().map(|s| s.id).collect());
         let n = opened.len() as u64;
         let mut layers = Vec::with_capacity(opened.len());
@@ -560,25 +571,9 @@ impl<I: Io> Store<I> {
             // groups, so their relative order does not matter.
             layers.push((n - i as u64, Rc::new(seg), clip));
         }
-        Ok(self.exports.insert(Export {
-            enc: ChunkEncoder::new(spec.snapshot_id),
-            layers,
-            waiting: Vec::new(),
-            started: false,
-            cursors: Vec::new(),
-            clips: Vec::new(),
-            carry: encode_states(&spec.states),
-            carry_at: 0,
-            clear: None,
-            merged: Vec::new(),
-            bound: Vec::new(),
-            heads: Vec::new(),
-            moved: Vec::new(),
-            finished: false,
-            cancelled: false,
-            error: None,
-            files,
-        }))
+        Ok(self
+            .exports
+            .insert(Export::new(&spec, layers, Vec::new(), files)))
     }
 
     /// Forgets export `id` and closes the files opened for it alone.
