@@ -7,6 +7,7 @@
 
 mod c_abi;
 mod checkpoint;
+mod remote;
 mod report;
 mod ring;
 #[cfg(feature = "rocksdb")]
@@ -36,6 +37,8 @@ enum Suite {
     Serve(serve::ServeArgs),
     /// Checkpoint, restore and rescale durations at growing state sizes (vs. RocksDB checkpoints).
     Checkpoint(checkpoint::CheckpointArgs),
+    /// The remote tier's fetcher: random ranged GETs against object storage with injected latency, vs. Little's law.
+    Remote(remote::RemoteArgs),
     /// Internal: the peer process of the ring suite.
     #[command(name = "__ring-peer", hide = true)]
     RingPeer(ring::PeerArgs),
@@ -51,6 +54,7 @@ fn main() {
         Suite::RingPeer(a) => ring::peer_main(a),
         Suite::Serve(a) => serve::run(a),
         Suite::Checkpoint(a) => checkpoint::run(a),
+        Suite::Remote(a) => remote::run(a),
         Suite::Statord(a) => serve::daemon_main(a),
     }
 }

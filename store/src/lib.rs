@@ -17,6 +17,9 @@
 //! - [`snapshot`]: portable snapshot chunks (key-group frames of records
 //!   as stored, 4 MiB chunks with CRC32C), encoder and checking decoder.
 //! - [`io`]: the I/O layer (io_uring, pread/pwrite, fault injection).
+//! - [`remote`]: the remote tier's client (S3-compatible object storage or
+//!   a local directory on a tokio runtime; coalesced ranged GETs, bounded
+//!   in flight, timeouts and retries, completions through an eventfd).
 //!
 //! What it must never do: return bytes that failed their checksum, lose a
 //! segment that was completely written, block the caller's thread on disk
@@ -36,6 +39,7 @@ pub mod keys;
 pub mod manifest;
 pub mod memtable;
 pub mod ops;
+pub mod remote;
 pub mod segment;
 pub mod snapshot;
 mod store;

@@ -1,0 +1,340 @@
+//! `stator-bench remote`: the remote tier's fetcher (`stator_store::remote`)
+//! against object storage with injected latency: object_store's
+//! `ThrottledStore` around an in-memory store, so the figure measures
+//! Stator's side (batching, the runtime hand-off, completions through an
+//! eventfd) and not a disk or a network. Uniform random 4 KiB block reads
+//! over objects far larger than any cache, at a fixed number in flight (each
+//! completion is replaced by a new read in the same pass, submitted as one
+//! batch), beside the peer: Little's law (in flight / latency), the most any
+//! client can reach. Prints an SVG of both.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStoreExt;
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjPath;
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
+use serde_json::json;
+use stator_store::remote::{Remote, RemoteConfig, RemoteDone, RemoteRuntime, Target};
+
+use crate::report::{Bound, Case, Reporter, histogram};
+
+const SUITE: &str = "remote";
+const BLOCK: u64 = 4096;
+
+#[derive(clap::Args, Debug)]
+pub struct RemoteArgs {
+    /// Under a minute: shorter points, fewer latencies.
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object per case on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Injected latency per GET, milliseconds (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![23.0, 1.5])]
+    latency_ms: Vec<f64>,
+    /// Reads in flight (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 64, 1024, 6000, 65536])]
+    depths: Vec<usize>,
+    /// Seconds per point (default 4; 1.5 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Objects (segments) and MiB each: the state read at random.
+    #[arg(long, default_value_t = 256)]
+    objects: u64,
+    #[arg(long, default_value_t = 16)]
+    object_mib: u64,
+    /// Worker threads of the remote runtime.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Where the SVG goes.
+    #[arg(long, default_value = "benches/results")]
+    plot_dir: PathBuf,
+}
+
+/// A cheap generator (xorshift) for block picks.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+pub fn run(a: RemoteArgs) {
+    let secs = a.seconds.unwrap_or(if a.quick { 1.5 } else { 4.0 });
+    let latencies: Vec<f64> = if a.quick {
+        a.latency_ms.iter().copied().take(1).collect()
+    } else {
+        a.latency_ms.clone()
+    };
+    let mut r = Reporter::new(a.json);
+    r.machine(
+        SUITE,
+        json!({
+            "latency_ms": latencies, "depths": a.depths, "seconds_per_point": secs,
+            "objects": a.objects, "object_mib": a.object_mib, "block_bytes": BLOCK,
+            "runtime_threads": a.threads, "store": "object_store ThrottledStore(InMemory)",
+            "peer": "Little's law: in flight / injected latency",
+        }),
+    );
+    let rt = RemoteRuntime::new(a.threads).expect("a runtime");
+    // One buffer shared by every object (InMemory keeps `Bytes`).
+    let body = bytes::Bytes::from(
+        (0..(a.object_mib << 20))
+            .map(|i| (i as u8) ^ (i >> 12) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let mem = Arc::new(InMemory::new());
+    rt.handle().block_on(async {
+        for o in 0..a.objects {
+            mem.put(&ObjPath::from(name(o)), body.clone().into())
+                .await
+                .expect("put into memory");
+        }
+    });
+    let names: Vec<String> = (0..a.objects).map(name).collect();
+    let mut all = Vec::new();
+    for &ms in &latencies {
+        let lat = Duration::from_secs_f64(ms / 1000.0);
+        let throttled = ThrottledStore::new(
+            mem.clone(),
+            ThrottleConfig {
+                wait_get_per_call: lat,
+                ..Default::default()
+            },
+        );
+        let mut cfg = RemoteConfig::new(Target::Local {
+            dir: PathBuf::from("/nonexistent"),
+        });
+        cfg.max_in_flight = a.depths.iter().copied().max().unwrap_or(1).max(1);
+        cfg.timeout = Duration::from_secs(30);
+        let mut remote = Remote::new(Arc::new(throttled), cfg, rt.handle()).expect("client");
+        let mut sweep = Vec::new();
+        for &depth in &a.depths {
+            let c = point(&mut remote, &names, a.object_mib << 20, depth, lat, secs);
+            r.case(&c);
+            if (ms - 23.0).abs() < 1e-9 && depth == 6000 {
+                r.note(
+                    SUITE,
+                    "gets_per_sec_23ms_6000_in_flight",
+                    c.ops_per_sec,
+                    Bound::AtLeast(261_000.0),
+                );
+            }
+            sweep.push(c);
+        }
+        all.push((ms, sweep));
+    }
+    match plot(&a.plot_dir, &all) {
+        Ok(()) if !a.json => println!(
+            "# plot: {}",
+            a.plot_dir.join("remote-inflight.svg").display()
+        ),
+        Ok(()) => {}
+        Err(e) => eprintln!("# no plot: {e}"),
+    }
+}
+
+fn name(o: u64) -> String {
+    format!("seg/{o:05}.sst")
+}
+
+/// `depth` random block reads in flight for `secs` (after one latency of
+/// warm-up); each pass replaces what completed with one batch of new reads.
+fn point(
+    remote: &mut Remote,
+    names: &[String],
+    object_len: u64,
+    depth: usize,
+    lat: Duration,
+    secs: f64,
+) -> Case {
+    let blocks = object_len / BLOCK;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ depth as u64);
+    let mut started = vec![Instant::now(); depth];
+    let pick = |rng: &mut Rng| -> (usize, Range<u64>) {
+        let o = (rng.next() % names.len() as u64) as usize;
+        let b = rng.next() % blocks;
+        (o, b * BLOCK..(b + 1) * BLOCK)
+    };
+    let mut batch: Vec<(u64, &str, Range<u64>)> = Vec::with_capacity(depth);
+    for t in 0..depth {
+        let (o, r) = pick(&mut rng);
+        batch.push((t as u64, &names[o], r));
+    }
+    let t0 = Instant::now();
+    started.fill(t0);
+    remote.get_blocks(&batch);
+    let warm = t0 + lat + Duration::from_millis(100);
+    let end = warm + Duration::from_secs_f64(secs);
+    let mut h = histogram();
+    let (mut done, mut failed) = (0u64, 0u64);
+    let mut measuring = false;
+    let mut m0 = t0;
+    let mut ready: Vec<u64> = Vec::with_capacity(depth);
+    loop {
+        remote.wait(Duration::from_millis(50));
+        ready.clear();
+        let now = Instant::now();
+        if !measuring && now >= warm {
+            measuring = true;
+            m0 = now;
+        }
+        remote.poll(|t, res| {
+            ready.push(t);
+            if measuring {
+                match res {
+                    Ok(RemoteDone::Bytes(b)) if b.len() as u64 == BLOCK => {
+                        done += 1;
+                        let _ = h.record(now.duration_since(started[t as usize]).as_nanos() as u64);
+                    }
+                    _ => failed += 1,
+                }
+            }
+        });
+        if now >= end {
+            break;
+        }
+        batch.clear();
+        for &t in &ready {
+            let (o, r) = pick(&mut rng);
+            started[t as usize] = now;
+            batch.push((t, &names[o], r));
+        }
+        remote.get_blocks(&batch);
+    }
+    let elapsed = m0.elapsed();
+    // Let the reads still in flight finish before the next point.
+    while remote.outstanding() > 0 {
+        remote.wait(Duration::from_millis(50));
+        remote.poll(|_, _| {});
+    }
+    let little = depth as f64 / lat.as_secs_f64();
+    let c = Case::new(
+        SUITE,
+        format!("get_{}ms_inflight{depth}", lat.as_secs_f64() * 1e3),
+        done,
+        elapsed,
+    )
+    .latency(h)
+    .with("in_flight", depth as u64)
+    .with("latency_ms", lat.as_secs_f64() * 1e3)
+    .with("littles_law_ops_per_sec", little.round())
+    .with("failed", failed);
+    let ratio = c.ops_per_sec / little;
+    c.with("of_littles_law", (ratio * 1000.0).round() / 1000.0)
+}
+
+/// An SVG per latency: ops/s and Little's law over the depths (log x, log y).
+fn plot(dir: &Path, all: &[(f64, Vec<Case>)]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let (w, h, m) = (760.0, 440.0, 70.0);
+    let depth = |c: &Case| {
+        c.extra
+            .get("in_flight")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1.0)
+    };
+    let little = |c: &Case| {
+        c.extra
+            .get("littles_law_ops_per_sec")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1.0)
+    };
+    let cases: Vec<&Case> = all.iter().flat_map(|(_, s)| s).collect();
+    if cases.is_empty() {
+        return Ok(());
+    }
+    let xmax = cases
+        .iter()
+        .map(|c| depth(c))
+        .fold(2.0f64, f64::max)
+        .log10();
+    let ymin = cases
+        .iter()
+        .map(|c| c.ops_per_sec.min(little(c)))
+        .fold(f64::MAX, f64::min)
+        .max(1.0)
+        .log10()
+        .floor();
+    let ymax = cases
+        .iter()
+        .map(|c| c.ops_per_sec.max(little(c)))
+        .fold(10.0f64, f64::max)
+        .log10()
+        .ceil();
+    let x = |d: f64| m + d.log10() / xmax * (w - 2.0 * m);
+    let y = |v: f64| h - m - (v.max(1.0).log10() - ymin) / (ymax - ymin).max(1.0) * (h - 2.0 * m);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{m}\" y=\"24\" font-size=\"15\">remote fetcher: random 4 KiB GETs/s vs in flight (log-log); dashed: Little's law</text>\n\
+         <line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n",
+        b = h - m,
+        r = w - m
+    );
+    for e in (ymin as i32)..=(ymax as i32) {
+        let v = 10f64.powi(e);
+        s += &format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">1e{e}</text>\n",
+            m - 6.0,
+            y(v) + 4.0
+        );
+    }
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    for (i, (ms, sweep)) in all.iter().enumerate() {
+        let col = colors[i % colors.len()];
+        let pts = |f: &dyn Fn(&Case) -> f64| {
+            sweep
+                .iter()
+                .map(|c| format!("{:.1},{:.1}", x(depth(c)), y(f(c))))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{col}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            pts(&|c| c.ops_per_sec)
+        );
+        s += &format!(
+            "<polyline fill=\"none\" stroke=\"{col}\" stroke-width=\"1\" stroke-dasharray=\"5,3\" points=\"{}\"/>\n",
+            pts(&little)
+        );
+        s += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{col}\">{ms} ms per GET</text>\n",
+            m + 10.0,
+            m + 16.0 * (i as f64 + 1.0)
+        );
+        for c in sweep {
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"{col}\">{:.0}K</text>\n",
+                x(depth(c)),
+                y(c.ops_per_sec) - 6.0,
+                c.ops_per_sec / 1e3
+            );
+        }
+    }
+    if let Some((_, sweep)) = all.first() {
+        for c in sweep {
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+                x(depth(c)),
+                h - m + 16.0,
+                depth(c)
+            );
+        }
+    }
+    s += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GETs in flight</text>\n</svg>\n",
+        w / 2.0,
+        h - 24.0
+    );
+    std::fs::write(dir.join("remote-inflight.svg"), s)
+}

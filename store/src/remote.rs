@@ -1,0 +1,644 @@
+//! The remote tier's client: object storage (S3 and compatible stores, or
+//! a local directory) reached from a shard thread without blocking it.
+//!
+//! A shard submits work (ranged reads, file uploads, deletes, listings)
+//! with a token and goes on; the requests run on a small tokio runtime
+//! beside the shards ([`RemoteRuntime`]), and their outcomes come back
+//! through a queue whose eventfd ([`Remote::fd`]) the shard's io_uring
+//! watches, so one wait covers disk, remote and clients.
+//!
+//! - **Batching**: [`Remote::get_blocks`] takes the misses of one pass,
+//!   groups them by object, and coalesces ranges that lie within
+//!   `coalesce_gap` of each other (up to `max_get_bytes`) into one ranged
+//!   GET; each token gets its own bytes back.
+//! - **Bounded**: at most `max_in_flight` GETs run at once; more wait for
+//!   a slot inside the runtime (the shard never waits).
+//! - **Failures stay local**: every GET has a timeout and is retried with
+//!   exponential backoff (`retries` times) on errors that may pass; after
+//!   that, only the tokens that needed it fail, with an error that names
+//!   the object, the range and the attempts. A missing object fails at
+//!   once.
+//! - **Counted**: [`RemoteStats`] (GETs in flight, issued, bytes fetched,
+//!   latency, errors, uploads pending) for the status socket.
+
+use std::ops::Range;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+
+/// Where the remote tier lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A directory (the default when the tier is on without S3).
+    Local { dir: PathBuf },
+    /// An S3 or S3-compatible bucket. Unset credentials and region come
+    /// from the standard AWS environment variables.
+    S3 {
+        bucket: String,
+        /// `http://127.0.0.1:9000` for a compatible server; `None` = AWS.
+        endpoint: Option<String>,
+        region: Option<String>,
+        access_key_id: Option<String>,
+        secret_access_key: Option<String>,
+        /// Plain HTTP endpoints (a server on loopback).
+        allow_http: bool,
+    },
+}
+
+/// How the client behaves.
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    pub target: Target,
+    /// Key prefix of every object (`<prefix>/<name>`); may be empty.
+    pub prefix: String,
+    /// GETs in flight at most.
+    pub max_in_flight: usize,
+    /// One attempt of one request at most.
+    pub timeout: Duration,
+    /// Attempts after the first, with exponential backoff from `backoff`.
+    pub retries: u32,
+    pub backoff: Duration,
+    /// Ranges of one object closer than this are read by one GET.
+    pub coalesce_gap: u64,
+    /// Bytes one coalesced GET reads at most.
+    pub max_get_bytes: u64,
+}
+
+impl RemoteConfig {
+    pub fn new(target: Target) -> RemoteConfig {
+        RemoteConfig {
+            target,
+            prefix: String::new(),
+            max_in_flight: 8192,
+            timeout: Duration::from_secs(10),
+            retries: 4,
+            backoff: Duration::from_millis(50),
+            coalesce_gap: 64 << 10,
+            max_get_bytes: 8 << 20,
+        }
+    }
+}
+
+/// Why a remote request failed, after its retries.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteError {
+    #[error("remote object {path} not found")]
+    NotFound { path: String },
+    #[error("remote {op} of {path} failed after {attempts} attempt(s): {msg}")]
+    Failed {
+        op: &'static str,
+        path: String,
+        attempts: u32,
+        msg: String,
+    },
+    #[error("remote store configuration: {0}")]
+    Config(String),
+}
+
+/// What a completed request produced.
+#[derive(Debug)]
+pub enum RemoteDone {
+    /// The bytes of the range asked for.
+    Bytes(Bytes),
+    Uploaded,
+    Deleted,
+    /// Object names under the listed prefix (relative to the tier's
+    /// prefix) with their sizes.
+    Listed(Vec<(String, u64)>),
+}
+
+/// Counters of one client (all relaxed; read by the status socket).
+#[derive(Debug, Default)]
+pub struct RemoteStats {
+    pub gets_in_flight: AtomicU64,
+    /// GETs issued (after coalescing) and ranges asked for.
+    pub gets: AtomicU64,
+    pub ranges: AtomicU64,
+    pub bytes_fetched: AtomicU64,
+    /// Sum of GET latencies, nanoseconds (with `gets`, the mean).
+    pub get_ns: AtomicU64,
+    pub retries: AtomicU64,
+    pub errors: AtomicU64,
+    pub uploads_pending: AtomicU64,
+    pub bytes_uploaded: AtomicU64,
+}
+
+/// The runtime remote requests run on: a few worker threads beside the
+/// shards, shared by every shard's [`Remote`].
+pub struct RemoteRuntime {
+    rt: tokio::runtime::Runtime,
+}
+
+impl RemoteRuntime {
+    pub fn new(threads: usize) -> std::io::Result<RemoteRuntime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("stator-remote")
+            .enable_all()
+            .build()?;
+        Ok(RemoteRuntime { rt })
+    }
+
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.rt.handle().clone()
+    }
+}
+
+type Outcome = (u64, Result<RemoteDone, RemoteError>);
+
+/// Completions handed from the runtime to the shard.
+struct Queue {
+    done: Mutex<Vec<Outcome>>,
+    bell: EventFd,
+}
+
+impl Queue {
+    fn push(&self, items: impl IntoIterator<Item = Outcome>) {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        let was_empty = d.is_empty();
+        d.extend(items);
+        // One wake per batch the shard has not taken yet.
+        if was_empty && !d.is_empty() {
+            drop(d);
+            let _ = self.bell.write(1);
+        }
+    }
+}
+
+/// One shard's client of the remote tier.
+pub struct Remote {
+    store: Arc<dyn ObjectStore>,
+    rt: tokio::runtime::Handle,
+    cfg: Arc<RemoteConfig>,
+    queue: Arc<Queue>,
+    slots: Arc<tokio::sync::Semaphore>,
+    stats: Arc<RemoteStats>,
+    /// Requests submitted whose outcome was not polled yet.
+    outstanding: usize,
+}
+
+/// The object store `cfg` names.
+pub fn object_store(cfg: &RemoteConfig) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    let bad = |e: object_store::Error| RemoteError::Config(e.to_string());
+    match &cfg.target {
+        Target::Local { dir } => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| RemoteError::Config(format!("{}: {e}", dir.display())))?;
+            Ok(Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(bad)?,
+            ))
+        }
+        Target::S3 {
+            bucket,
+            endpoint,
+            region,
+            access_key_id,
+            secret_access_key,
+            allow_http,
+        } => {
+            // TLS through rustls with ring (a second install is refused,
+            // harmlessly).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let mut b = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_allow_http(*allow_http)
+                // Our own retry loop decides (it knows the request's
+                // deadline); the client's timeout bounds one attempt.
+                .with_retry(object_store::RetryConfig {
+                    max_retries: 0,
+                    ..Default::default()
+                })
+                .with_client_options(
+                    object_store::ClientOptions::new()
+                        .with_timeout(cfg.timeout)
+                        .with_connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
+                        .with_allow_http(*allow_http),
+                );
+            if let Some(e) = endpoint {
+                b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
+            }
+            if let Some(r) = region {
+                b = b.with_region(r);
+            }
+            if let Some(k) = access_key_id {
+                b = b.with_access_key_id(k);
+            }
+            if let Some(k) = secret_access_key {
+                b = b.with_secret_access_key(k);
+            }
+            Ok(Arc::new(b.build().map_err(bad)?))
+        }
+    }
+}
+
+/// Whether a failure may pass on a retry.
+fn transient(e: &object_store::Error) -> bool {
+    !matches!(
+        e,
+        object_store::Error::NotFound { .. }
+            | object_store::Error::InvalidPath { .. }
+            | object_store::Error::NotSupported { .. }
+            | object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }
+    )
+}
+
+/// Runs `attempt` with the configured timeout, retries and backoff.
+async fn with_retries<T, F, Fut>(
+    cfg: &RemoteConfig,
+    stats: &RemoteStats,
+    op: &'static str,
+    path: &ObjPath,
+    mut attempt: F,
+) -> Result<T, RemoteError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, object_store::Error>>,
+{
+    let mut wait = cfg.backoff;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let msg = match tokio::time::timeout(cfg.timeout, attempt()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(object_store::Error::NotFound { .. })) => {
+                return Err(RemoteError::NotFound {
+                    path: path.to_string(),
+                });
+            }
+            Ok(Err(e)) if !transient(&e) => {
+                return Err(RemoteError::Failed {
+                    op,
+                    path: path.to_string(),
+                    attempts: tries,
+                    msg: e.to_string(),
+                });
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {:?}", cfg.timeout),
+        };
+        if tries > cfg.retries {
+            return Err(RemoteError::Failed {
+                op,
+                path: path.to_string(),
+                attempts: tries,
+                msg,
+            });
+        }
+        stats.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// A range of one object and the token that wants it.
+pub type Wanted = (Range<u64>, u64);
+
+/// Splits `(range, token)` of one object into coalesced spans, in offset
+/// order: `(span, members)`.
+pub fn coalesce(mut wanted: Vec<Wanted>, gap: u64, max: u64) -> Vec<(Range<u64>, Vec<Wanted>)> {
+    wanted.sort_by_key(|(r, _)| (r.start, r.end));
+    let mut out: Vec<(Range<u64>, Vec<Wanted>)> = Vec::new();
+    for (r, t) in wanted {
+        if let Some((span, members)) = out.last_mut()
+            && r.start <= span.end.saturating_add(gap)
+            && r.end.max(span.end) - span.start <= max
+        {
+            span.end = span.end.max(r.end);
+            members.push((r, t));
+            continue;
+        }
+        out.push((r.clone(), vec![(r, t)]));
+    }
+    out
+}
+
+impl Remote {
+    /// A client of `store` on runtime `rt`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        cfg: RemoteConfig,
+        rt: tokio::runtime::Handle,
+    ) -> std::io::Result<Remote> {
+        let bell = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+        Ok(Remote {
+            store,
+            rt,
+            slots: Arc::new(tokio::sync::Semaphore::new(cfg.max_in_flight.max(1))),
+            cfg: Arc::new(cfg),
+            queue: Arc::new(Queue {
+                done: Mutex::new(Vec::new()),
+                bell,
+            }),
+            stats: Arc::default(),
+            outstanding: 0,
+        })
+    }
+
+    /// Counters, shared with whoever reports them.
+    pub fn stats(&self) -> Arc<RemoteStats> {
+        self.stats.clone()
+    }
+
+    /// Readable while polled outcomes wait: watch it with the ring.
+    pub fn fd(&self) -> RawFd {
+        self.queue.bell.as_fd().as_raw_fd()
+    }
+
+    /// The eventfd, borrowed.
+    pub fn bell(&self) -> BorrowedFd<'_> {
+        self.queue.bell.as_fd()
+    }
+
+    /// Requests submitted whose outcome was not polled yet.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    fn path(&self, name: &str) -> ObjPath {
+        if self.cfg.prefix.is_empty() {
+            ObjPath::from(name)
+        } else {
+            ObjPath::from(format!("{}/{name}", self.cfg.prefix.trim_end_matches('/')))
+        }
+    }
+
+    /// Reads byte ranges of objects: `(token, object name, range)` each.
+    /// Ranges of one object are coalesced; each token completes with its
+    /// own bytes (or the error of the GET that held it).
+    pub fn get_blocks(&mut self, wanted: &[(u64, &str, Range<u64>)]) {
+        let mut by_object: std::collections::HashMap<&str, Vec<Wanted>> =
+            std::collections::HashMap::new();
+        for (t, name, r) in wanted {
+            by_object.entry(name).or_default().push((r.clone(), *t));
+        }
+        self.outstanding += wanted.len();
+        self.stats
+            .ranges
+            .fetch_add(wanted.len() as u64, Ordering::Relaxed);
+        for (name, ranges) in by_object {
+            let path = self.path(name);
+            for (span, members) in coalesce(ranges, self.cfg.coalesce_gap, self.cfg.max_get_bytes) {
+                let (store, cfg, stats, queue, slots) = (
+                    self.store.clone(),
+                    self.cfg.clone(),
+                    self.stats.clone(),
+                    self.queue.clone(),
+                    self.slots.clone(),
+                );
+                let path = path.clone();
+                self.rt.spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    stats.gets_in_flight.fetch_add(1, Ordering::Relaxed);
+                    stats.gets.fetch_add(1, Ordering::Relaxed);
+                    let t0 = Instant::now();
+                    let r = with_retries(&cfg, &stats, "GET", &path, || {
+                        store.get_range(&path, span.clone())
+                    })
+                    .await;
+                    stats
+                        .get_ns
+                        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    stats.gets_in_flight.fetch_sub(1, Ordering::Relaxed);
+                    let out: Vec<Outcome> = match r {
+                        Ok(b) if b.len() as u64 == span.end - span.start => {
+                            stats
+                                .bytes_fetched
+                                .fetch_add(b.len() as u64, Ordering::Relaxed);
+                            members
+                                .into_iter()
+                                .map(|(m, t)| {
+                                    let s = (m.start - span.start) as usize;
+                                    let e = (m.end - span.start) as usize;
+                                    (t, Ok(RemoteDone::Bytes(b.slice(s..e))))
+                                })
+                                .collect()
+                        }
+                        other => {
+                            stats.errors.fetch_add(1, Ordering::Relaxed);
+                            let e = match other {
+                                Err(e) => e,
+                                Ok(b) => RemoteError::Failed {
+                                    op: "GET",
+                                    path: path.to_string(),
+                                    attempts: 1,
+                                    msg: format!(
+                                        "range {span:?} returned {} bytes (the object is shorter)",
+                                        b.len()
+                                    ),
+                                },
+                            };
+                            members
+                                .into_iter()
+                                .map(|(_, t)| (t, Err(e.clone())))
+                                .collect()
+                        }
+                    };
+                    queue.push(out);
+                });
+            }
+        }
+    }
+
+    /// Uploads local file `file` as object `name` (multipart, a few parts
+    /// in flight; the whole object appears at once when it completes).
+    pub fn upload_file(&mut self, token: u64, name: &str, file: PathBuf) {
+        self.outstanding += 1;
+        let (store, cfg, stats, queue) = (
+            self.store.clone(),
+            self.cfg.clone(),
+            self.stats.clone(),
+            self.queue.clone(),
+        );
+        let path = self.path(name);
+        stats.uploads_pending.fetch_add(1, Ordering::Relaxed);
+        self.rt.spawn(async move {
+            let r = with_retries(&cfg, &stats, "upload", &path, || {
+                upload(&*store, &path, &file)
+            })
+            .await;
+            stats.uploads_pending.fetch_sub(1, Ordering::Relaxed);
+            let r = r.map(|n| {
+                stats.bytes_uploaded.fetch_add(n, Ordering::Relaxed);
+                RemoteDone::Uploaded
+            });
+            if r.is_err() {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            queue.push([(token, r)]);
+        });
+    }
+
+    /// Deletes object `name` (a missing object counts as deleted).
+    pub fn delete(&mut self, token: u64, name: &str) {
+        self.outstanding += 1;
+        let (store, cfg, stats, queue) = (
+            self.store.clone(),
+            self.cfg.clone(),
+            self.stats.clone(),
+            self.queue.clone(),
+        );
+        let path = self.path(name);
+        self.rt.spawn(async move {
+            let r = match with_retries(&cfg, &stats, "DELETE", &path, || store.delete(&path)).await
+            {
+                Ok(()) | Err(RemoteError::NotFound { .. }) => Ok(RemoteDone::Deleted),
+                Err(e) => Err(e),
+            };
+            queue.push([(token, r)]);
+        });
+    }
+
+    /// Lists the objects under `sub` (a name prefix within the tier's
+    /// prefix; empty = all).
+    pub fn list(&mut self, token: u64, sub: &str) {
+        use futures_util::TryStreamExt;
+        self.outstanding += 1;
+        let (store, cfg, stats, queue) = (
+            self.store.clone(),
+            self.cfg.clone(),
+            self.stats.clone(),
+            self.queue.clone(),
+        );
+        let base = if self.cfg.prefix.is_empty() {
+            None
+        } else {
+            Some(self.path(""))
+        };
+        let at = if sub.is_empty() {
+            base.clone()
+        } else {
+            Some(self.path(sub))
+        };
+        let strip = self.cfg.prefix.trim_end_matches('/').to_string();
+        self.rt.spawn(async move {
+            let shown = at.clone().map_or_else(String::new, |p| p.to_string());
+            let path = ObjPath::from(shown);
+            let r = with_retries(&cfg, &stats, "LIST", &path, || {
+                store.list(at.as_ref()).try_collect::<Vec<_>>()
+            })
+            .await
+            .map(|metas| {
+                RemoteDone::Listed(
+                    metas
+                        .into_iter()
+                        .map(|m| {
+                            let full = m.location.to_string();
+                            let name = if strip.is_empty() {
+                                full
+                            } else {
+                                full.strip_prefix(&format!("{strip}/"))
+                                    .unwrap_or(&full)
+                                    .to_string()
+                            };
+                            (name, m.size)
+                        })
+                        .collect(),
+                )
+            });
+            queue.push([(token, r)]);
+        });
+    }
+
+    /// Hands every outcome that arrived to `f`; returns how many.
+    pub fn poll(&mut self, mut f: impl FnMut(u64, Result<RemoteDone, RemoteError>)) -> usize {
+        // Clear the bell before taking the queue: a push after this read
+        // either lands in what is taken now or rings again.
+        let _ = self.queue.bell.read();
+        let taken = std::mem::take(&mut *self.queue.done.lock().unwrap_or_else(|p| p.into_inner()));
+        let n = taken.len();
+        self.outstanding -= n;
+        for (t, r) in taken {
+            f(t, r);
+        }
+        n
+    }
+
+    /// Blocks until an outcome arrives or `timeout` passes (for tests and
+    /// tools; a shard waits on [`Remote::fd`] in its ring instead).
+    pub fn wait(&self, timeout: Duration) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        if !self
+            .queue
+            .done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            return;
+        }
+        let mut fds = [PollFd::new(self.queue.bell.as_fd(), PollFlags::POLLIN)];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        );
+    }
+}
+
+/// Uploads `file` to `path` in 8 MiB parts, a few at once; its size.
+async fn upload(
+    store: &dyn ObjectStore,
+    path: &ObjPath,
+    file: &std::path::Path,
+) -> Result<u64, object_store::Error> {
+    use tokio::io::AsyncReadExt;
+    let io = |e: std::io::Error| object_store::Error::Generic {
+        store: "local file",
+        source: Box::new(e),
+    };
+    let mut f = tokio::fs::File::open(file).await.map_err(io)?;
+    let len = f.metadata().await.map_err(io)?.len();
+    if len <= 8 << 20 {
+        let mut buf = Vec::with_capacity(len as usize);
+        f.read_to_end(&mut buf).await.map_err(io)?;
+        store.put(path, PutPayload::from(buf)).await?;
+        return Ok(len);
+    }
+    let mut w = WriteMultipart::new_with_chunk_size(store.put_multipart(path).await?, 8 << 20);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).await.map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        w.wait_for_capacity(4).await?;
+        w.write(&buf[..n]);
+    }
+    w.finish().await?;
+    Ok(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_ranges_share_a_get_and_far_or_large_ones_do_not() {
+        let w = vec![
+            (8192..12288, 3),
+            (0..4096, 1),
+            (4096..8192, 2),
+            (1 << 20..(1 << 20) + 4096, 4),
+            (0..4096, 5),
+        ];
+        let c = coalesce(w, 64 << 10, 8 << 20);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].0, 0..12288);
+        assert_eq!(c[0].1.iter().map(|m| m.1).collect::<Vec<_>>(), [1, 5, 2, 3]);
+        assert_eq!(c[1].0, 1 << 20..(1 << 20) + 4096);
+        // A cap on one GET's bytes splits a long run.
+        let run: Vec<_> = (0..10u64).map(|i| (i * 4096..(i + 1) * 4096, i)).collect();
+        let c = coalesce(run, 0, 16384);
+        assert_eq!(c.len(), 3);
+        assert!(c.iter().all(|(s, _)| s.end - s.start <= 16384));
+    }
+}
