@@ -396,41 +396,28 @@ fn snapshot_export_and_import_move_a_checkpoint_through_a_file() {
     bad[mid] ^= 0x40;
     let badf = tmp.path().join("bad.stator");
     std::fs::write(&badf, &bad).unwrap();
-    let (code, _, err) = ctl(
-        &d,
-        &[
-            "snapshot",
-            "import",
-            "--job",
-            "other",
-            "--operator",
-            "op",
-            "--checkpoint",
-            "1",
-            "-i",
-            badf.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("nothing was imported"), "{err}");
+    let refused = |what: &str| {
+        let (code, _, err) = ctl(
+            &d,
+            &[
+                "snapshot",
+                "import",
+                "--job",
+                "other",
+                "--operator",
+                "op",
+                "--checkpoint",
+                "1",
+                "-i",
+                badf.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(code, 2, "{what}: {err}");
+        assert!(err.contains("nothing was imported"), "{what}: {err}");
+    };
+    refused("a flipped byte");
     std::fs::write(&badf, &bytes[..bytes.len() - 10]).unwrap();
-    let (code, _, err) = ctl(
-        &d,
-        &[
-            "snapshot",
-            "import",
-            "--job",
-            "other",
-            "--operator",
-            "op",
-            "--checkpoint",
-            "1",
-            "-i",
-            badf.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("nothing was imported"), "{err}");
+    refused("a truncated file");
     let mut c = Session::open(&d.socket, &OpenOptions::new("other", "op")).unwrap();
     let cv = c.register("v", Kind::Value).unwrap();
     assert_eq!(get(&mut c, cv, 1, &1u32.to_be_bytes()), None);

@@ -363,6 +363,23 @@ impl Remote {
         self.outstanding
     }
 
+    /// What a spawned request needs of its client.
+    fn handles(
+        &self,
+    ) -> (
+        Arc<dyn ObjectStore>,
+        Arc<RemoteConfig>,
+        Arc<RemoteStats>,
+        Arc<Queue>,
+    ) {
+        (
+            self.store.clone(),
+            self.cfg.clone(),
+            self.stats.clone(),
+            self.queue.clone(),
+        )
+    }
+
     fn path(&self, name: &str) -> ObjPath {
         if self.cfg.prefix.is_empty() {
             ObjPath::from(name)
@@ -387,13 +404,8 @@ impl Remote {
         for (name, ranges) in by_object {
             let path = self.path(name);
             for (span, members) in coalesce(ranges, self.cfg.coalesce_gap, self.cfg.max_get_bytes) {
-                let (store, cfg, stats, queue, slots) = (
-                    self.store.clone(),
-                    self.cfg.clone(),
-                    self.stats.clone(),
-                    self.queue.clone(),
-                    self.slots.clone(),
-                );
+                let (store, cfg, stats, queue) = self.handles();
+                let slots = self.slots.clone();
                 let path = path.clone();
                 self.rt.spawn(async move {
                     let _slot = slots.acquire_owned().await;
@@ -452,12 +464,7 @@ impl Remote {
     /// in flight; the whole object appears at once when it completes).
     pub fn upload_file(&mut self, token: u64, name: &str, file: PathBuf) {
         self.outstanding += 1;
-        let (store, cfg, stats, queue) = (
-            self.store.clone(),
-            self.cfg.clone(),
-            self.stats.clone(),
-            self.queue.clone(),
-        );
+        let (store, cfg, stats, queue) = self.handles();
         let path = self.path(name);
         stats.uploads_pending.fetch_add(1, Ordering::Relaxed);
         self.rt.spawn(async move {
@@ -480,12 +487,7 @@ impl Remote {
     /// Deletes object `name` (a missing object counts as deleted).
     pub fn delete(&mut self, token: u64, name: &str) {
         self.outstanding += 1;
-        let (store, cfg, stats, queue) = (
-            self.store.clone(),
-            self.cfg.clone(),
-            self.stats.clone(),
-            self.queue.clone(),
-        );
+        let (store, cfg, stats, queue) = self.handles();
         let path = self.path(name);
         self.rt.spawn(async move {
             let r = match with_retries(&cfg, &stats, "DELETE", &path, || store.delete(&path)).await
@@ -502,12 +504,7 @@ impl Remote {
     pub fn list(&mut self, token: u64, sub: &str) {
         use futures_util::TryStreamExt;
         self.outstanding += 1;
-        let (store, cfg, stats, queue) = (
-            self.store.clone(),
-            self.cfg.clone(),
-            self.stats.clone(),
-            self.queue.clone(),
-        );
+        let (store, cfg, stats, queue) = self.handles();
         let base = if self.cfg.prefix.is_empty() {
             None
         } else {
