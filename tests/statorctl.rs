@@ -2,19 +2,9 @@
 //! named, with exit codes scripts can use (0 valid, 1 unreadable, 2
 //! invalid).
 
-use std::process::Command;
+mod common;
 
-fn ctl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_statorctl"))
-        .args(args)
-        .output()
-        .expect("run statorctl");
-    (
-        out.status.code().expect("an exit code"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use common::statorctl as ctl;
 
 #[test]
 fn check_config_says_valid_invalid_or_unreadable() {

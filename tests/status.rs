@@ -34,17 +34,17 @@ fn curl(d: &Daemon, args: &[&str], path: &str) -> (String, String) {
 }
 
 fn ctl(d: &Daemon, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_statorctl"))
-        .arg("--run-dir")
-        .arg(d.dir.join("run"))
-        .args(args)
-        .output()
-        .expect("run statorctl");
-    (
-        out.status.code().expect("an exit code"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let run = d.dir.join("run");
+    let mut all = vec!["--run-dir", run.to_str().unwrap()];
+    all.extend(args);
+    common::statorctl(&all)
+}
+
+/// `statorctl snapshot <what> --job <job> --operator op <rest>`.
+fn snapshot(d: &Daemon, what: &str, job: &str, rest: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["snapshot", what, "--job", job, "--operator", "op"];
+    all.extend(rest);
+    ctl(d, &all)
 }
 
 fn put(s: &mut Session, st: u32, kg: u16, key: &[u8], v: &[u8]) {
@@ -209,12 +209,9 @@ fn status_metrics_and_healthz_answer_curl_and_statorctl_with_what_happened() {
     s.close().unwrap();
 
     // No daemon there: exit 1, and the path named.
-    let out = Command::new(env!("CARGO_BIN_EXE_statorctl"))
-        .args(["--run-dir", "/nonexistent-stator", "status"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent-stator/status.sock"));
+    let (code, _, err) = common::statorctl(&["--run-dir", "/nonexistent-stator", "status"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("/nonexistent-stator/status.sock"), "{err}");
     let (code, out, _) = ctl(&d, &["--help"]);
     assert_eq!(code, 0);
     for c in [
@@ -266,37 +263,10 @@ fn snapshot_export_and_import_move_a_checkpoint_through_a_file() {
         s["checkpoints"].as_array().is_some_and(|c| !c.is_empty())
     });
 
-    let (code, _, err) = ctl(
-        &d,
-        &[
-            "snapshot",
-            "export",
-            "--job",
-            "src",
-            "--operator",
-            "op",
-            "--checkpoint",
-            "3",
-            "-o",
-        ],
-    );
+    let (code, _, err) = snapshot(&d, "export", "src", &["--checkpoint", "3", "-o"]);
     assert_eq!(code, 2, "a missing file argument is invalid input: {err}");
     let f = file.to_str().unwrap();
-    let (code, _, err) = ctl(
-        &d,
-        &[
-            "snapshot",
-            "export",
-            "--job",
-            "src",
-            "--operator",
-            "op",
-            "--checkpoint",
-            "3",
-            "-o",
-            f,
-        ],
-    );
+    let (code, _, err) = snapshot(&d, "export", "src", &["--checkpoint", "3", "-o", f]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("exported 1 checkpoint"), "{err}");
     assert!(file_len(&file) > 0 && !tmp.path().join("snap.stator.partial").exists());
@@ -316,18 +286,9 @@ fn snapshot_export_and_import_move_a_checkpoint_through_a_file() {
         (vec!["--handle", "zz"], "not hex"),
         (vec!["--handle", "00112233"], "refused"),
     ] {
-        let mut all = vec![
-            "snapshot",
-            "export",
-            "--job",
-            "src",
-            "--operator",
-            "op",
-            "-o",
-            f,
-        ];
+        let mut all = vec!["-o", f];
         all.extend(args);
-        let (code, _, err) = ctl(&d, &all);
+        let (code, _, err) = snapshot(&d, "export", "src", &all);
         assert_eq!(code, 2, "{what}: {err}");
         assert!(err.contains(what), "{what}: {err}");
     }
@@ -337,27 +298,10 @@ fn snapshot_export_and_import_move_a_checkpoint_through_a_file() {
     );
 
     // Import into another job, then restore that job from the new handle.
-    let (code, out, err) = ctl(
-        &d,
-        &[
-            "snapshot",
-            "import",
-            "--job",
-            "dst",
-            "--operator",
-            "op",
-            "--checkpoint",
-            "9",
-            "-i",
-            f,
-        ],
-    );
+    let (code, out, err) = snapshot(&d, "import", "dst", &["--checkpoint", "9", "-i", f]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains(&format!("imported {n} records")), "{err}");
-    let handle: Vec<u8> = (0..out.trim().len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&out.trim()[i..i + 2], 16).unwrap())
-        .collect();
+    let handle = statord::status::unhex(&out).expect("a hex handle");
     let mut b = Session::open(&d.socket, &OpenOptions::new("dst", "op")).unwrap();
     let bv = b.register("v", Kind::Value).unwrap();
     b.restore(&[&handle]).unwrap();
@@ -370,21 +314,7 @@ fn snapshot_export_and_import_move_a_checkpoint_through_a_file() {
     }
 
     // While a session of dst/op is open, an import is refused.
-    let (code, _, err) = ctl(
-        &d,
-        &[
-            "snapshot",
-            "import",
-            "--job",
-            "dst",
-            "--operator",
-            "op",
-            "--checkpoint",
-            "10",
-            "-i",
-            f,
-        ],
-    );
+    let (code, _, err) = snapshot(&d, "import", "dst", &["--checkpoint", "10", "-i", f]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("stop the job first"), "{err}");
     b.close().unwrap();
@@ -397,20 +327,11 @@ fn snapshot_export_and_import_move_a_checkpoint_through_a_file() {
     let badf = tmp.path().join("bad.stator");
     std::fs::write(&badf, &bad).unwrap();
     let refused = |what: &str| {
-        let (code, _, err) = ctl(
+        let (code, _, err) = snapshot(
             &d,
-            &[
-                "snapshot",
-                "import",
-                "--job",
-                "other",
-                "--operator",
-                "op",
-                "--checkpoint",
-                "1",
-                "-i",
-                badf.to_str().unwrap(),
-            ],
+            "import",
+            "other",
+            &["--checkpoint", "1", "-i", badf.to_str().unwrap()],
         );
         assert_eq!(code, 2, "{what}: {err}");
         assert!(err.contains("nothing was imported"), "{what}: {err}");

@@ -21,6 +21,7 @@ use serde_json::json;
 use stator_store::remote::{Remote, RemoteConfig, RemoteDone, RemoteRuntime, Target};
 
 use crate::report::{Bound, Case, Reporter, histogram};
+use crate::store::Rng;
 
 const SUITE: &str = "remote";
 const BLOCK: u64 = 4096;
@@ -53,18 +54,6 @@ pub struct RemoteArgs {
     /// Where the SVG goes.
     #[arg(long, default_value = "benches/results")]
     plot_dir: PathBuf,
-}
-
-/// A cheap generator (xorshift) for block picks.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 pub fn run(a: RemoteArgs) {
@@ -160,8 +149,8 @@ fn point(
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ depth as u64);
     let mut started = vec![Instant::now(); depth];
     let pick = |rng: &mut Rng| -> (usize, Range<u64>) {
-        let o = (rng.next() % names.len() as u64) as usize;
-        let b = rng.next() % blocks;
+        let o = rng.below(names.len() as u64) as usize;
+        let b = rng.below(blocks);
         (o, b * BLOCK..(b + 1) * BLOCK)
     };
     let mut batch: Vec<(u64, &str, Range<u64>)> = Vec::with_capacity(depth);

@@ -192,6 +192,14 @@ impl OpMetrics {
         }
     }
 
+    /// Requests taken so far, of every opcode.
+    pub fn total(&self) -> u64 {
+        self.requests
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub fn read(&self) -> OpSnapshot {
         OpSnapshot {
             requests: std::array::from_fn(|i| self.requests[i].load(Ordering::Relaxed)),

@@ -121,11 +121,7 @@ fn run(
     watchdog: bool,
 ) {
     let mut liveness = Liveness::new(live.len(), stall, Instant::now());
-    let requests = || -> u64 {
-        live.iter()
-            .map(|l| l.requests.load(Ordering::Relaxed))
-            .sum()
-    };
+    let requests = || -> u64 { live.iter().map(|l| l.ops.total()).sum() };
     let (mut last_requests, mut last_at) = (requests(), Instant::now());
     let mut warned = false;
     loop {

@@ -111,9 +111,8 @@ pub struct Live {
     /// lives (an idle shard wakes each second), and stops when the shard
     /// is stuck.
     pub beat: AtomicU64,
-    /// Requests served so far.
-    pub requests: AtomicU64,
-    /// Per-operation counters and latencies.
+    /// Per-operation counters and latencies ([`OpMetrics::total`]: the
+    /// requests taken so far).
     pub ops: OpMetrics,
     /// Sessions, store and checkpoints, rebuilt every [`REPORT_EVERY`].
     pub report: Report,
@@ -482,9 +481,6 @@ impl Shard {
         loop {
             beat += 1;
             self.live.beat.store(beat, Ordering::Relaxed);
-            self.live
-                .requests
-                .store(self.stats.requests, Ordering::Relaxed);
             if self.report_now {
                 self.maybe_report(Instant::now(), &mut reported);
             }

@@ -369,8 +369,9 @@ impl Gathered {
             .shards
             .iter()
             .map(|h| {
-                ops.add(&h.live.ops.read());
-                (h.live.report.get(), h.live.requests.load(Ordering::Relaxed))
+                let o = h.live.ops.read();
+                ops.add(&o);
+                (h.live.report.get(), o.requests.iter().sum())
             })
             .collect();
         Gathered {

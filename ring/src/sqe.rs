@@ -126,6 +126,16 @@ macro_rules! opcodes {
     };
 }
 
+impl Opcode {
+    /// Whether `value` is an input of this opcode with `flags`: a
+    /// value-in opcode, or a checkpoint export's handles
+    /// (`FROM_CHECKPOINTS`).
+    pub fn value_in(self, flags: u8) -> bool {
+        self.fields().value_in
+            || (self == Opcode::SnapshotExport && flags & sqe_flags::FROM_CHECKPOINTS != 0)
+    }
+}
+
 /// Which descriptor fields an opcode uses; an unused range must be
 /// [`BufRef::NONE`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -301,9 +311,7 @@ impl Sqe {
         let buffer_select = self.flags & sqe_flags::BUFFER_SELECT != 0;
         // `value` is an input, or the explicit result buffer of an output op
         // without BUFFER_SELECT.
-        let value_used = fields.value_in
-            || (fields.output && !buffer_select)
-            || self.flags & sqe_flags::FROM_CHECKPOINTS != 0;
+        let value_used = op.value_in(self.flags) || (fields.output && !buffer_select);
         let value = resolve("value", self.value, value_used)?;
         if fields.output && !buffer_select && value.len == 0 {
             return Err(SqeError::NoOutput { op });

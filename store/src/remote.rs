@@ -402,11 +402,12 @@ impl Remote {
             .ranges
             .fetch_add(wanted.len() as u64, Ordering::Relaxed);
         for (name, ranges) in by_object {
-            let path = self.path(name);
+            // One path per object, shared by its GETs.
+            let path = Arc::new(self.path(name));
             for (span, members) in coalesce(ranges, self.cfg.coalesce_gap, self.cfg.max_get_bytes) {
                 let (store, cfg, stats, queue) = self.handles();
                 let slots = self.slots.clone();
-                let path = path.clone();
+                let path = Arc::clone(&path);
                 self.rt.spawn(async move {
                     let _slot = slots.acquire_owned().await;
                     stats.gets_in_flight.fetch_add(1, Ordering::Relaxed);

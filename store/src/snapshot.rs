@@ -42,6 +42,25 @@ pub const MAX_ITEM: usize = 256 << 20;
 pub const MAX_STATES: usize = 4096;
 pub const MAX_NAME: usize = 1024;
 
+/// The whole length (header included) of the chunk whose header begins
+/// `h`, after checking its magic and header CRC: how a reader of chunks
+/// laid back to back (a snapshot file) finds where each one ends. The
+/// rest of the chunk is checked by [`ChunkDecoder::feed`].
+pub fn chunk_len(h: &[u8]) -> Result<usize, &'static str> {
+    if h.len() < HEADER_LEN || h[0..4] != MAGIC {
+        return Err("not a snapshot chunk (bad magic or too short)");
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4"));
+    if crc32c::crc32c(&h[..28]) != u32_at(28) {
+        return Err("chunk header checksum mismatch");
+    }
+    let len = HEADER_LEN + u32_at(20) as usize;
+    if len > CHUNK_LEN {
+        return Err("a chunk longer than 4 MiB");
+    }
+    Ok(len)
+}
+
 /// Where a chunk is written: the encoder only writes, never reads back
 /// (the consumer may be scribbling on shared memory meanwhile).
 pub trait ChunkSlot {
@@ -304,14 +323,9 @@ impl ChunkDecoder {
         if self.done {
             return Err(SnapshotError::AfterLast);
         }
-        if chunk.len() < HEADER_LEN || chunk[0..4] != MAGIC {
-            return Err(bad("not a snapshot chunk (bad magic or too short)"));
-        }
+        chunk_len(chunk).map_err(bad)?;
         let h = &chunk[..HEADER_LEN];
         let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4"));
-        if crc32c::crc32c(&h[..28]) != u32_at(28) {
-            return Err(bad("chunk header checksum mismatch"));
-        }
         if u16::from_le_bytes([h[4], h[5]]) != VERSION {
             return Err(bad("unsupported chunk version"));
         }

@@ -184,3 +184,16 @@ pub fn collect(s: &mut Session, mut n: usize, mut f: impl FnMut(u64, Done)) -> R
     }
     Ok(())
 }
+
+/// Runs the `statorctl` binary: (exit code, stdout, stderr).
+pub fn statorctl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_statorctl"))
+        .args(args)
+        .output()
+        .expect("run statorctl");
+    (
+        out.status.code().expect("an exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -936,8 +936,7 @@ impl Session {
             )));
         }
         let fields = r.op.fields();
-        // A checkpoint export's handles travel as its value.
-        let value_in = fields.value_in || r.flags & sqe_flags::FROM_CHECKPOINTS != 0;
+        let value_in = r.op.value_in(r.flags);
         let value_len = match &src {
             ValueSrc::Writer(n, _) => *n as usize,
             ValueSrc::Slice if value_in => r.value.len(),

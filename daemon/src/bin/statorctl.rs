@@ -192,7 +192,11 @@ fn run(args: Args) -> Res<()> {
         return check_config(file, *quiet);
     }
     let run_dir = run_dir(&args)?;
-    let ctl = Ctl { run_dir };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Fail::run(format!("cannot start a runtime: {e}")))?;
+    let ctl = Ctl { run_dir, rt };
     match args.command {
         Command::Status { json } => {
             let s = ctl.status()?;
@@ -304,17 +308,15 @@ fn run_dir(a: &Args) -> Res<PathBuf> {
 
 struct Ctl {
     run_dir: PathBuf,
+    /// One runtime for every status request (`top` makes one a second).
+    rt: tokio::runtime::Runtime,
 }
 
 impl Ctl {
     /// GETs `path` from the status socket: (HTTP status, body).
     fn get(&self, path: &str) -> Res<(u16, String)> {
         let sock = self.run_dir.join("status.sock");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Fail::run(format!("cannot start a runtime: {e}")))?;
-        rt.block_on(async {
+        self.rt.block_on(async {
             let stream = tokio::net::UnixStream::connect(&sock).await.map_err(|e| {
                 Fail::run(format!(
                     "cannot connect to {}: {e} (is statord running? --run-dir or --config name its run directory)",
@@ -869,10 +871,11 @@ fn partial_path(p: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Reads the next chunk of a snapshot file (header, then the payload
-/// length it names) into `buf`; `Ok(false)` at the end of the file.
+/// Reads the next chunk of a snapshot file (its header, then as much as
+/// the header says) into `buf`; `Ok(false)` at the end of the file. The
+/// daemon checks the rest.
 fn next_chunk(r: &mut impl Read, buf: &mut Vec<u8>) -> std::io::Result<bool> {
-    use stator_store::snapshot::{CHUNK_LEN, HEADER_LEN, MAGIC};
+    use stator_store::snapshot::{HEADER_LEN, chunk_len};
     buf.resize(HEADER_LEN, 0);
     let mut got = 0;
     while got < HEADER_LEN {
@@ -887,20 +890,9 @@ fn next_chunk(r: &mut impl Read, buf: &mut Vec<u8>) -> std::io::Result<bool> {
             n => got += n,
         }
     }
-    if buf[..4] != MAGIC {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not a snapshot chunk (bad magic)",
-        ));
-    }
-    let len = u32::from_le_bytes(buf[20..24].try_into().expect("4")) as usize;
-    if HEADER_LEN + len > CHUNK_LEN {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "a chunk longer than 4 MiB",
-        ));
-    }
-    buf.resize(HEADER_LEN + len, 0);
+    let len =
+        chunk_len(buf).map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidData, m))?;
+    buf.resize(len, 0);
     r.read_exact(&mut buf[HEADER_LEN..])
         .map_err(|e| std::io::Error::new(e.kind(), format!("the file ends inside a chunk: {e}")))?;
     Ok(true)
