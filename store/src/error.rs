@@ -42,6 +42,9 @@ pub enum StoreError {
     Restore(String),
     #[error("snapshot refused: {0}")]
     Snapshot(String),
+    /// The remote tier failed a read or an upload after its retries.
+    #[error("remote tier: {0}")]
+    Remote(String),
     #[error("the store directory {path} cannot be used: {msg}")]
     Dir { path: String, msg: String },
 }

@@ -49,5 +49,5 @@ pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
 pub use store::{
     CheckpointInfo, CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, Imported,
     MAX_EXPORTS, MAX_IMPORTS, MAX_VALUE_LEN, MemoryUsage, Notify, RecoveryReport, RestoreSpec,
-    Restored, RestoredManifest, Store, StoreConfig, StoreStats,
+    Restored, RestoredManifest, Store, StoreConfig, StoreStats, TierConfig, TierStats,
 };

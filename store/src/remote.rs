@@ -124,10 +124,28 @@ pub struct RemoteStats {
     pub bytes_fetched: AtomicU64,
     /// Sum of GET latencies, nanoseconds (with `gets`, the mean).
     pub get_ns: AtomicU64,
+    /// GET latencies (every attempt's retries included): bucket `i` counts
+    /// GETs that took less than `2^i` µs (the last, the rest).
+    pub get_hist: [AtomicU64; GET_BUCKETS],
     pub retries: AtomicU64,
     pub errors: AtomicU64,
     pub uploads_pending: AtomicU64,
     pub bytes_uploaded: AtomicU64,
+}
+
+/// Buckets of [`RemoteStats::get_hist`]: 1 µs .. 2^24 µs (16.8 s), then
+/// the rest.
+pub const GET_BUCKETS: usize = 26;
+
+impl RemoteStats {
+    fn record_get(&self, d: Duration) {
+        let us = d.as_micros() as u64;
+        // Bucket i: < 2^i µs.
+        let i = (64 - us.leading_zeros() as usize).min(GET_BUCKETS - 1);
+        self.get_hist[i].fetch_add(1, Ordering::Relaxed);
+        self.get_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 /// The runtime remote requests run on: a few worker threads beside the
@@ -417,9 +435,7 @@ impl Remote {
                         store.get_range(&path, span.clone())
                     })
                     .await;
-                    stats
-                        .get_ns
-                        .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    stats.record_get(t0.elapsed());
                     stats.gets_in_flight.fetch_sub(1, Ordering::Relaxed);
                     let out: Vec<Outcome> = match r {
                         Ok(b) if b.len() as u64 == span.end - span.start => {
@@ -481,6 +497,38 @@ impl Remote {
             if r.is_err() {
                 stats.errors.fetch_add(1, Ordering::Relaxed);
             }
+            queue.push([(token, r)]);
+        });
+    }
+
+    /// Runs `work` (local file work that may block: punching a cached
+    /// segment's data out of the local disk) on the runtime's blocking
+    /// pool; completes with `Deleted`, or a failure naming `what`.
+    pub fn local_task(
+        &mut self,
+        token: u64,
+        what: String,
+        work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+    ) {
+        self.outstanding += 1;
+        let queue = self.queue.clone();
+        let rt = self.rt.clone();
+        self.rt.spawn(async move {
+            let r = match rt.spawn_blocking(work).await {
+                Ok(Ok(())) => Ok(RemoteDone::Deleted),
+                Ok(Err(e)) => Err(RemoteError::Failed {
+                    op: "local",
+                    path: what,
+                    attempts: 1,
+                    msg: e.to_string(),
+                }),
+                Err(e) => Err(RemoteError::Failed {
+                    op: "local",
+                    path: what,
+                    attempts: 1,
+                    msg: e.to_string(),
+                }),
+            };
             queue.push([(token, r)]);
         });
     }

@@ -27,6 +27,10 @@ pub struct Segment {
     /// For a segment referenced by a restore: the records that belong to
     /// the restored state (the rest are invisible). `None`: all of them.
     pub clip: Option<crate::manifest::Clip>,
+    /// The data region is only on the remote tier (evicted from the local
+    /// disk, or never fetched): block reads go there. Shared by every
+    /// layer of the same file.
+    pub remote: Rc<std::cell::Cell<bool>>,
 }
 
 impl Segment {
@@ -66,6 +70,7 @@ impl Segment {
             filter: self.filter.clone(),
             file_len: self.file_len,
             clip: None,
+            remote: self.remote.clone(),
         }
     }
 
@@ -136,6 +141,7 @@ impl Segment {
             filter: Rc::new(filter),
             file_len,
             clip: None,
+            remote: Rc::default(),
         })
     }
 }
@@ -476,6 +482,7 @@ impl SegmentWriter {
             filter: Rc::new(self.filter.take().expect("finish() built the filter")),
             file_len: self.offset,
             clip: None,
+            remote: Rc::default(),
         }
     }
 }

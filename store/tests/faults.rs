@@ -394,6 +394,7 @@ impl stator_store::io::Io for LagIo {
                 token: t,
                 buf: Some(b),
                 result: Err(libc::EIO),
+                remote_error: None,
             });
             return;
         }

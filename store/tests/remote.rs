@@ -7,95 +7,19 @@
 //! is intact), and slow (latency injected by a proxy: nothing times out
 //! that should not).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::s3::{Server, s3};
 
 use stator_store::remote::{
     Remote, RemoteConfig, RemoteDone, RemoteError, RemoteRuntime, Target, object_store,
 };
-
-const KEY: &str = "stator-test-key";
-const SECRET: &str = "stator-test-secret";
-const BUCKET: &str = "stator";
-
-struct Server {
-    child: Child,
-    port: u16,
-    root: PathBuf,
-}
-
-impl Server {
-    /// Starts s3s-fs over `root` on `port` (0: a free one); `None` if the
-    /// binary is not installed (and not in CI, where that is a failure).
-    fn start(root: &Path, port: u16) -> Option<Server> {
-        let port = if port == 0 { free_port() } else { port };
-        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
-        let child = match Command::new("s3s-fs")
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", KEY, "--secret-key", SECRET])
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "s3s-fs is not installed ({e}); .ci/run installs it"
-                );
-                eprintln!(
-                    "SKIPPED: s3s-fs is not installed (cargo install s3s-fs@0.14.1 --features binary)"
-                );
-                return None;
-            }
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "s3s-fs did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Some(Server {
-            child,
-            port,
-            root: root.to_path_buf(),
-        })
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn s3(port: u16) -> Target {
-    Target::S3 {
-        bucket: BUCKET.into(),
-        endpoint: Some(format!("http://127.0.0.1:{port}")),
-        region: Some("us-east-1".into()),
-        access_key_id: Some(KEY.into()),
-        secret_access_key: Some(SECRET.into()),
-        allow_http: true,
-    }
-}
 
 fn client(rt: &RemoteRuntime, target: Target, f: impl FnOnce(&mut RemoteConfig)) -> Remote {
     let mut cfg = RemoteConfig::new(target);

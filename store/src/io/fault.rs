@@ -125,6 +125,7 @@ impl<I: Io> FaultIo<I> {
             token,
             buf,
             result: Err(errno),
+            remote_error: None,
         });
     }
 }
@@ -216,6 +217,7 @@ impl<I: Io> Io for FaultIo<I> {
                         token,
                         buf: Some(buf),
                         result: Err(libc::EIO),
+                        remote_error: None,
                     });
                 }
                 continue;

@@ -41,6 +41,22 @@ pub struct IoCompletion {
     pub buf: Option<AlignedBuf>,
     /// Bytes transferred, or an errno.
     pub result: Result<usize, i32>,
+    /// A read the remote tier served and could not (`result` is then
+    /// `EREMOTEIO`): why, naming the object and the attempts.
+    pub remote_error: Option<Box<crate::remote::RemoteError>>,
+}
+
+/// The error of a failed read of `path`: the remote tier's own when it
+/// served the read (`remote`, an [`IoCompletion::remote_error`]).
+pub(crate) fn read_error(
+    remote: Option<Box<crate::remote::RemoteError>>,
+    path: &Path,
+    errno: i32,
+) -> crate::StoreError {
+    match remote {
+        Some(e) => crate::StoreError::Remote(format!("{e} (segment {})", path.display())),
+        None => crate::StoreError::from_errno(path, "read", errno),
+    }
 }
 
 /// Errors of the synchronous calls (open, size, close).

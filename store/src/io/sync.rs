@@ -93,6 +93,7 @@ impl Io for SyncIo {
             token,
             buf: Some(buf),
             result,
+            remote_error: None,
         });
     }
 
@@ -105,6 +106,7 @@ impl Io for SyncIo {
             token,
             buf: Some(buf),
             result,
+            remote_error: None,
         });
     }
 
@@ -117,6 +119,7 @@ impl Io for SyncIo {
             token,
             buf: None,
             result,
+            remote_error: None,
         });
     }
 

@@ -152,6 +152,7 @@ impl UringIo {
                 token: op.token,
                 buf: op.buf,
                 result: Err(libc::EBADF),
+                remote_error: None,
             });
             return true;
         };
@@ -207,6 +208,7 @@ impl UringIo {
             token: op.token,
             buf: op.buf,
             result,
+            remote_error: None,
         });
     }
 

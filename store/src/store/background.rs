@@ -11,6 +11,10 @@ impl<I: Io> Store<I> {
         self.drive_io();
         self.background();
         let _ = self.io.submit();
+        if let Some(t) = self.tier.as_mut() {
+            // This pass's misses, coalesced by the client.
+            t.send();
+        }
         let mut n = 0;
         while let Some((token, r)) = self.done.pop_front() {
             n += 1;
@@ -27,6 +31,17 @@ impl<I: Io> Store<I> {
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), StoreError> {
         if !self.done.is_empty() {
             return Ok(());
+        }
+        let mut timeout = timeout;
+        if let Some(t) = self.tier.as_ref().filter(|t| t.outstanding() > 0) {
+            if self.io.in_flight() == 0 {
+                t.remote.wait(timeout.unwrap_or(Duration::from_secs(1)));
+                return Ok(());
+            }
+            // Both may answer: look at each often.
+            timeout = Some(timeout.map_or(Duration::from_millis(1), |d| {
+                d.min(Duration::from_millis(1))
+            }));
         }
         self.io
             .wait(timeout)
@@ -64,6 +79,10 @@ impl<I: Io> Store<I> {
         let _ = self.io.submit();
         let mut cs = std::mem::take(&mut self.completions);
         self.io.reap(&mut cs);
+        if let Some(t) = self.tier.as_mut() {
+            t.send();
+            t.reap(&mut cs);
+        }
         for c in cs.drain(..) {
             let t = c.token >> TAG_SHIFT;
             let v = c.token & ((1 << TAG_SHIFT) - 1);
@@ -144,6 +163,7 @@ impl<I: Io> Store<I> {
         }
         self.step_checkpoints();
         self.reap_retired();
+        self.maybe_evict();
         if !self.kg_deletes.is_empty() && self.flush.is_none() && self.compact.is_none() {
             self.prune_kg_deletes();
         }

@@ -112,9 +112,13 @@ struct Retained {
 enum Phase {
     /// Waiting for frozen memtables to become segments.
     Flushing,
+    /// With a remote tier: waiting for its segments to be durable there.
+    Uploading,
     Writing,
     Syncing,
     DirSync,
+    /// With a remote tier: the manifest (durable locally) is uploading.
+    Publishing,
 }
 
 /// A checkpoint between its synchronous part and its completion.
@@ -215,6 +219,11 @@ impl Checkpoints {
     /// Whether a retained or in-progress checkpoint names `file`.
     pub(super) fn pinned(&self, file: &str) -> bool {
         self.pins.contains_key(file)
+    }
+
+    /// Every file a retained manifest names.
+    pub(super) fn all_files(&self) -> impl Iterator<Item = String> + '_ {
+        self.retained.values().flat_map(|r| r.files.iter().cloned())
     }
 
     /// Retained manifests and checkpoints in progress.
@@ -420,16 +429,20 @@ impl<I: Io> Store<I> {
         }
     }
 
-    /// Whether a checkpoint's manifest write can start.
+    /// Whether a checkpoint's manifest write can start (or an upload it
+    /// waits for finished).
     pub(super) fn checkpoint_runnable(&self) -> bool {
-        self.ckpt
-            .pending
-            .iter()
-            .any(|(_, p)| p.phase == Phase::Flushing && p.waiting.is_empty())
+        self.tier.as_ref().is_some_and(|t| t.progress)
+            || self
+                .ckpt
+                .pending
+                .iter()
+                .any(|(_, p)| p.phase == Phase::Flushing && p.waiting.is_empty())
     }
 
     /// Starts the manifest write of every checkpoint whose layers are all
-    /// segments now.
+    /// segments now (with a remote tier: uploads them first, and waits for
+    /// them), and completes those whose manifest became durable remotely.
     pub(super) fn step_checkpoints(&mut self) {
         let ready: Vec<usize> = self
             .ckpt
@@ -439,28 +452,82 @@ impl<I: Io> Store<I> {
             .map(|(k, _)| k)
             .collect();
         for k in ready {
-            let p = &mut self.ckpt.pending[k];
-            p.layers.sort_by_key(|l| std::cmp::Reverse(l.0));
-            p.manifest.layers = p.layers.iter().map(|(_, l)| l.clone()).collect();
-            let bytes = p.manifest.encode();
-            let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
-            p.crc = u32::from_le_bytes(bytes[body_len..body_len + 4].try_into().expect("4"));
-            p.handle = Handle {
-                seq: p.manifest.seq,
-                manifest_crc: p.crc,
-            }
-            .encode();
-            let path = self.cfg.dir.join(manifest::file_name(p.manifest.seq));
-            match self.io.open(&path, OpenMode::CreateNew) {
-                Ok(f) => {
-                    p.file = Some(f);
-                    p.phase = Phase::Writing;
-                    let mut buf = AlignedBuf::with_capacity(bytes.len());
-                    buf.extend_from_slice(&bytes);
-                    self.io.write(f, 0, buf, tag(TAG_CKPT_WRITE, k as u64));
+            match self.tier.as_mut() {
+                Some(t) => {
+                    let p = &mut self.ckpt.pending[k];
+                    p.phase = Phase::Uploading;
+                    for (_, l) in &p.layers {
+                        t.upload(&l.name, self.cfg.dir.join(&l.name));
+                    }
                 }
-                Err(e) => self.fail_checkpoint(k, StoreError::io(&path, "create", &e)),
+                None => self.write_manifest(k),
             }
+        }
+        let Some(t) = self.tier.as_mut() else {
+            return;
+        };
+        if !std::mem::take(&mut t.progress) {
+            return;
+        }
+        let mut advance = Vec::new();
+        for (k, p) in self.ckpt.pending.iter() {
+            let names: Vec<String> = match p.phase {
+                Phase::Uploading => p.layers.iter().map(|(_, l)| l.name.clone()).collect(),
+                Phase::Publishing => vec![manifest::file_name(p.manifest.seq)],
+                _ => continue,
+            };
+            let mut state = Some(Ok(()));
+            for n in &names {
+                match t.upload_state(n) {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => {
+                        state = Some(Err(e));
+                        break;
+                    }
+                    None => state = None,
+                }
+            }
+            if let Some(s) = state {
+                advance.push((k, p.phase, s));
+            }
+        }
+        for (k, phase, s) in advance {
+            match (phase, s) {
+                (_, Err(e)) => self.fail_checkpoint(
+                    k,
+                    StoreError::Remote(format!(
+                        "checkpoint failed, its files are not durable remotely: {e}"
+                    )),
+                ),
+                (Phase::Uploading, Ok(())) => self.write_manifest(k),
+                _ => self.finish_checkpoint(k),
+            }
+        }
+    }
+
+    /// Starts writing checkpoint `k`'s manifest.
+    fn write_manifest(&mut self, k: usize) {
+        let p = &mut self.ckpt.pending[k];
+        p.layers.sort_by_key(|l| std::cmp::Reverse(l.0));
+        p.manifest.layers = p.layers.iter().map(|(_, l)| l.clone()).collect();
+        let bytes = p.manifest.encode();
+        let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
+        p.crc = u32::from_le_bytes(bytes[body_len..body_len + 4].try_into().expect("4"));
+        p.handle = Handle {
+            seq: p.manifest.seq,
+            manifest_crc: p.crc,
+        }
+        .encode();
+        let path = self.cfg.dir.join(manifest::file_name(p.manifest.seq));
+        match self.io.open(&path, OpenMode::CreateNew) {
+            Ok(f) => {
+                p.file = Some(f);
+                p.phase = Phase::Writing;
+                let mut buf = AlignedBuf::with_capacity(bytes.len());
+                buf.extend_from_slice(&bytes);
+                self.io.write(f, 0, buf, tag(TAG_CKPT_WRITE, k as u64));
+            }
+            Err(e) => self.fail_checkpoint(k, StoreError::io(&path, "create", &e)),
         }
     }
 
@@ -493,32 +560,54 @@ impl<I: Io> Store<I> {
                 Err(e) => self.fail_checkpoint(k, e),
             },
             _ => {
-                let p = self.ckpt.pending.remove(k);
                 self.io.close(file);
-                let m = p.manifest;
-                self.ckpt.retained.insert(
-                    m.seq,
-                    Retained {
-                        owner: m.owner,
-                        checkpoint_id: m.checkpoint_id,
-                        lo: m.lo,
-                        hi: m.hi,
-                        crc: p.crc,
-                        files: m.layers.into_iter().map(|l| l.name).collect(),
-                        completed: false,
-                    },
-                );
-                self.done
-                    .push_back((p.token, Ok(Resolved::Owned(p.handle.to_vec()))));
+                let p = &mut self.ckpt.pending[k];
+                p.file = None;
+                match self.tier.as_mut() {
+                    // Durable locally; the handle waits for the remote copy.
+                    Some(t) => {
+                        p.phase = Phase::Publishing;
+                        let name = manifest::file_name(p.manifest.seq);
+                        t.upload(&name, path);
+                    }
+                    None => self.finish_checkpoint(k),
+                }
             }
         }
     }
 
+    /// Checkpoint `k`'s manifest is durable (and, with a remote tier, its
+    /// files are too): it is retained and its handle is delivered.
+    fn finish_checkpoint(&mut self, k: usize) {
+        let p = self.ckpt.pending.remove(k);
+        let m = p.manifest;
+        self.ckpt.retained.insert(
+            m.seq,
+            Retained {
+                owner: m.owner,
+                checkpoint_id: m.checkpoint_id,
+                lo: m.lo,
+                hi: m.hi,
+                crc: p.crc,
+                files: m.layers.into_iter().map(|l| l.name).collect(),
+                completed: false,
+            },
+        );
+        self.done
+            .push_back((p.token, Ok(Resolved::Owned(p.handle.to_vec()))));
+    }
+
     fn fail_checkpoint(&mut self, k: usize, e: StoreError) {
         let p = self.ckpt.pending.remove(k);
+        let name = manifest::file_name(p.manifest.seq);
         if let Some(f) = p.file {
             self.io.close(f);
-            let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(p.manifest.seq)));
+            let _ = std::fs::remove_file(self.cfg.dir.join(&name));
+        } else if p.phase == Phase::Publishing {
+            let _ = std::fs::remove_file(self.cfg.dir.join(&name));
+            if let Some(t) = self.tier.as_mut() {
+                t.delete(&name);
+            }
         }
         for (_, l) in &p.layers {
             self.unpin(&l.name);
@@ -570,6 +659,9 @@ impl<I: Io> Store<I> {
             .any(|p| p.file_name().is_some_and(|n| n == name));
         if !live && !writing {
             let _ = std::fs::remove_file(self.cfg.dir.join(name));
+            if let Some(t) = self.tier.as_mut() {
+                t.delete(name);
+            }
         }
     }
 
@@ -585,11 +677,14 @@ impl<I: Io> Store<I> {
                     if mine(r) && r.checkpoint_id == checkpoint_id && !r.completed {
                         r.completed = true;
                         // Remembered across restarts (an empty marker file;
-                        // without it a manifest found at open is pending).
-                        let _ = std::fs::File::create(
-                            self.cfg.dir.join(manifest::completed_name(*seq)),
-                        )
-                        .and_then(|f| f.sync_all());
+                        // without it a manifest found at open is pending),
+                        // and on the remote tier for another host.
+                        let marker = manifest::completed_name(*seq);
+                        let path = self.cfg.dir.join(&marker);
+                        let made = std::fs::File::create(&path).and_then(|f| f.sync_all());
+                        if let (Ok(()), Some(t)) = (made, self.tier.as_mut()) {
+                            t.upload(&marker, path);
+                        }
                     }
                 }
                 let mut ids: Vec<u64> = self
@@ -652,6 +747,10 @@ impl<I: Io> Store<I> {
         };
         let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(seq)));
         let _ = std::fs::remove_file(self.cfg.dir.join(manifest::completed_name(seq)));
+        if let Some(t) = self.tier.as_mut() {
+            t.delete(&manifest::file_name(seq));
+            t.delete(&manifest::completed_name(seq));
+        }
         for f in &r.files {
             self.unpin(f);
         }
@@ -708,7 +807,9 @@ impl<I: Io> Store<I> {
             .find(|s| s.path == path)
             .cloned();
         let Some(k) = known else {
-            return Self::open_segment(&mut self.io, path, id, &mut self.completions);
+            let s = Self::open_segment(&mut self.io, path, id, &mut self.completions)?;
+            self.note_remote(&s);
+            return Ok(s);
         };
         let file = self
             .io
@@ -762,6 +863,15 @@ impl<I: Io> Store<I> {
         lo: u16,
         hi: u16,
     ) -> Result<Vec<Segment>, StoreError> {
+        // Segments only the remote tier holds (an empty local disk) get
+        // their metadata first, all at once.
+        let wanted: Vec<(String, u64)> = manifests
+            .iter()
+            .flat_map(|m| &m.layers)
+            .filter(|l| l.clip.narrowed(lo, hi).is_some())
+            .map(|l| (l.name.clone(), l.file_len))
+            .collect();
+        self.materialize(&wanted)?;
         // Open every referenced segment first.
         let mut opened: Vec<Vec<Segment>> = Vec::new();
         let close_all = |io: &mut I, opened: Vec<Vec<Segment>>| {

@@ -85,8 +85,12 @@ impl<I: Io> Store<I> {
     pub(super) fn issue_compact_reads(&mut self) {
         let j = self.compact.as_mut().expect("compaction job");
         let serial = j.serial;
+        let mut reads = tier::Reads {
+            io: &mut self.io,
+            tier: self.tier.as_mut(),
+        };
         for (ci, c) in j.cursors.iter_mut().enumerate() {
-            c.read_ahead(&mut self.io, |first| {
+            c.read_ahead(&mut reads, |first| {
                 tag(
                     TAG_COMPACT_READ,
                     (serial << 44) | ((ci as u64) << 32) | first as u64,

@@ -24,11 +24,13 @@ mod iter;
 mod portable;
 mod read;
 mod stream;
+mod tier;
 mod write;
 
 pub use checkpoint::{
     CheckpointInfo, CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest,
 };
+pub use tier::{TierConfig, TierStats};
 pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -129,6 +131,8 @@ pub struct StoreStats {
     pub checkpoints_in_progress: usize,
     /// The last background (flush/compaction) failure, if any.
     pub last_background_error: Option<StoreError>,
+    /// The remote tier's, when there is one.
+    pub remote: Option<TierStats>,
 }
 
 /// What reopening a directory found.
@@ -339,6 +343,8 @@ pub struct Store<I: Io> {
     /// Reused by `submit_batch`: the batch's encoded keys and their spans.
     batch_keys: Vec<u8>,
     batch_spans: Vec<(usize, usize, u64)>,
+    /// The remote tier, when configured (`Store::open_tiered`).
+    tier: Option<tier::Tier>,
 }
 
 /// Keys and values larger than this are refused.
@@ -692,6 +698,7 @@ impl<I: Io> Store<I> {
             held_block: None,
             batch_keys: Vec::new(),
             batch_spans: Vec::new(),
+            tier: None,
         };
         store.rebalance_cache();
         let (addr, len) = store.active.index_range();
@@ -776,6 +783,7 @@ impl<I: Io> Store<I> {
         s.cache_misses = self.cache.misses;
         s.pending_reads = self.reads.len() + self.iters.len();
         (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
+        s.remote = self.tier.as_ref().map(|t| t.stats());
         s
     }
 
@@ -793,8 +801,8 @@ impl<I: Io> Store<I> {
             + self.imports.iter().filter(|(_, i)| i.finishing()).count()
     }
 
-    /// Whether background work (flush, compaction, deferred deletes) is
-    /// outstanding.
+    /// Whether background work (flush, compaction, deferred deletes, the
+    /// remote tier's uploads and deletes) is outstanding.
     pub fn busy(&self) -> bool {
         self.flush.is_some()
             || self.compact.is_some()
@@ -804,6 +812,7 @@ impl<I: Io> Store<I> {
             || (self.full_compaction_requested && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
             || self.imports.iter().any(|(_, i)| i.in_flight())
+            || self.tier.as_ref().is_some_and(|t| t.outstanding() > 0)
     }
 
     /// Requests a major compaction: once the running background work is

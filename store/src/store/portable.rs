@@ -113,6 +113,16 @@ pub struct Imported {
     pub layers: u32,
 }
 
+impl Export {
+    /// The segment files it reads (eviction leaves them whole meanwhile).
+    pub(super) fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.layers
+            .iter()
+            .map(|l| l.1.path.as_path())
+            .chain(self.cursors.iter().map(|c| c.seg.path.as_path()))
+    }
+}
+
 pub(super) struct Export {
     enc: ChunkEncoder,
     /// Captured layers (order, segment, what of it the export holds) and
@@ -619,9 +629,9 @@ impl<I: Io> Store<I> {
             e.moved = (0..e.cursors.len()).rev().collect();
             e.started = true;
         }
-        let read = |e: &mut Export, io: &mut I| {
+        let read = |e: &mut Export, reads: &mut tier::Reads<'_, I>| {
             for (ci, c) in e.cursors.iter_mut().enumerate() {
-                c.read_ahead(io, |first| {
+                c.read_ahead(reads, |first| {
                     tag(
                         TAG_EXPORT_READ,
                         ((id as u64) << 44) | ((ci as u64) << 32) | first as u64,
@@ -629,9 +639,13 @@ impl<I: Io> Store<I> {
                 });
             }
         };
-        read(e, &mut self.io);
+        let mut reads = tier::Reads {
+            io: &mut self.io,
+            tier: self.tier.as_mut(),
+        };
+        read(e, &mut reads);
         let fill = e.fill(slot);
-        read(e, &mut self.io);
+        read(e, &mut reads);
         if let Some(err) = e.error.take() {
             self.export_cancel(id);
             return Err(err);

@@ -377,7 +377,6 @@ impl<I: Io> Store<I> {
             return;
         }
         let (off, len) = seg.index.block(block as usize);
-        let file = seg.file;
         let fi = self.fetches.insert(Fetch {
             seg: seg.clone(),
             block,
@@ -386,8 +385,12 @@ impl<I: Io> Store<I> {
         });
         self.fetch_index.insert((seg.id, block), fi);
         self.stats.block_reads += 1;
-        self.io.read(
-            file,
+        tier::Reads {
+            io: &mut self.io,
+            tier: self.tier.as_mut(),
+        }
+        .read(
+            &seg,
             off,
             AlignedBuf::zeroed(len as usize),
             tag(TAG_FETCH, fi as u64),
@@ -407,7 +410,7 @@ impl<I: Io> Store<I> {
                 off,
                 "short read: block beyond the end of the file",
             )),
-            (Err(errno), _) => Err(StoreError::from_errno(&f.seg.path, "read", errno)),
+            (Err(errno), _) => Err(crate::io::read_error(c.remote_error, &f.seg.path, errno)),
         };
         match result {
             Ok(block) => {

@@ -79,7 +79,11 @@ impl Cursor {
 
     /// Issues reads while fewer than a window of blocks is buffered or in
     /// flight; `token(first_block)` tags each.
-    pub fn read_ahead<I: Io>(&mut self, io: &mut I, token: impl Fn(usize) -> u64) {
+    pub fn read_ahead<I: Io>(
+        &mut self,
+        reads: &mut super::tier::Reads<'_, I>,
+        token: impl Fn(usize) -> u64,
+    ) {
         let n = self.end;
         while self.reads_in_flight < self.max_reads && self.next_read < n {
             let buffered = self.blocks.len() + self.arrived.values().map(Vec::len).sum::<usize>();
@@ -103,7 +107,7 @@ impl Cursor {
                 }
                 _ => AlignedBuf::zeroed(len),
             };
-            io.read(self.seg.file, off, buf, token(first));
+            reads.read(&self.seg, off, buf, token(first));
         }
     }
 
@@ -117,7 +121,9 @@ impl Cursor {
             (Ok(_), _) => {
                 return Err(corrupt(seg, seg.index.block(first).0, "short read"));
             }
-            (Err(errno), _) => return Err(StoreError::from_errno(&seg.path, "read", errno)),
+            (Err(errno), _) => {
+                return Err(crate::io::read_error(c.remote_error, &seg.path, errno));
+            }
         };
         self.in_use.push(buf.clone());
         let base = seg.index.block(first).0;

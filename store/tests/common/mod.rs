@@ -1,6 +1,8 @@
 //! Helpers shared by the store's integration tests.
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::time::Duration;
 
 use stator_store::io::Io;

@@ -1,0 +1,716 @@
+//! The remote tier inside the store: segments on object storage, the local
+//! disk as a bounded cache of them (FORMAT.md §14).
+//!
+//! - **Uploads at checkpoint.** A checkpoint's segments are uploaded before
+//!   its manifest is written, and the manifest after its fsync; the handle
+//!   is returned only when both are durable remotely. A failed upload fails
+//!   that checkpoint; a later one uploads what is still missing.
+//! - **Local disk as a cache.** A segment that is durable remotely may lose
+//!   its data region on the local disk (a punched hole: the footer, index
+//!   and filter stay, so opening it and finding a key's block cost no
+//!   remote request). Its blocks are then read by ranged GETs, all of one
+//!   pass submitted together so that the client coalesces neighbours.
+//!   Eviction keeps the segment files under `local_cache_bytes`, least
+//!   recently read first. A hole in the data region is what says "remote"
+//!   after a restart (`SEEK_HOLE`), so eviction needs no journal.
+//! - **Restore on an empty disk.** At open, the manifests (and completion
+//!   markers) the remote holds and the local disk lacks are downloaded. A
+//!   restore that names a segment the local disk lacks fetches its footer
+//!   and metadata (two rounds of GETs for all of them) into a sparse local
+//!   file; its data is read lazily.
+//! - **Garbage collection.** An object is deleted when its local file is
+//!   (no live layer and no retained checkpoint names it), and at open every
+//!   segment object that no retained manifest and no local file names.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::manifest;
+use crate::remote::{Remote, RemoteDone, RemoteError, RemoteStats};
+
+/// How the store uses its remote tier.
+#[derive(Clone, Debug, Default)]
+pub struct TierConfig {
+    /// Bytes of segment files kept on the local disk; beyond it, the least
+    /// recently read segments that are durable remotely lose their local
+    /// data. `None`: no eviction.
+    pub local_cache_bytes: Option<u64>,
+    /// Least time between two eviction passes (each lists the directory).
+    pub evict_interval: Duration,
+}
+
+impl TierConfig {
+    pub fn new(local_cache_bytes: Option<u64>) -> TierConfig {
+        TierConfig {
+            local_cache_bytes,
+            evict_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The remote tier's counters (see [`StoreStats::remote`]).
+#[derive(Clone, Debug, Default)]
+pub struct TierStats {
+    /// Objects known durable remotely (segments, manifests, markers).
+    pub objects: usize,
+    /// Segment files whose data is only remote.
+    pub evicted_segments: usize,
+    /// Bytes the segment files take on the local disk (at the last
+    /// eviction pass) and the budget.
+    pub local_cache_bytes: u64,
+    pub local_cache_budget: Option<u64>,
+    /// Block reads served by the local disk and by the remote.
+    pub local_block_reads: u64,
+    pub remote_block_reads: u64,
+    pub evictions: u64,
+    pub uploads_failed: u64,
+    pub deletes_failed: u64,
+    /// The last remote failure (read, upload, delete, eviction).
+    pub last_error: Option<String>,
+}
+
+/// Tags of the tier's own requests (the store's tags name its reads).
+pub(super) const TAG_UPLOAD: u64 = 20;
+const TAG_DELETE: u64 = 21;
+const TAG_PUNCH: u64 = 22;
+const TAG_SYNC: u64 = 23;
+
+type Outcome = (u64, Result<RemoteDone, RemoteError>);
+
+pub(super) struct Tier {
+    pub remote: Remote,
+    cfg: TierConfig,
+    /// Objects durable remotely (names relative to the store's prefix).
+    uploaded: HashSet<String>,
+    /// Uploads in flight, by token.
+    uploading: HashMap<u64, String>,
+    /// Names whose last upload failed, with why (until the next attempt).
+    failed: HashMap<String, String>,
+    next_token: u64,
+    /// Segment files whose data region is only remote.
+    evicted: HashSet<String>,
+    /// This pass's remote reads, and the buffers they fill.
+    batch: Vec<(u64, String, Range<u64>)>,
+    bufs: HashMap<u64, AlignedBuf>,
+    /// LRU clock of reads, by file name.
+    last_use: HashMap<String, u64>,
+    tick: u64,
+    next_evict: Instant,
+    /// An upload finished since the checkpoints last looked.
+    pub progress: bool,
+    /// Outcomes that arrived during a synchronous wait for others.
+    stash: Vec<Outcome>,
+    stats: TierStats,
+}
+
+/// Whether `path`'s data region (`..data_end`) has a hole: its blocks are
+/// only remote. A file that cannot be asked says no.
+fn has_hole(path: &Path, data_end: u64) -> bool {
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    match nix::unistd::lseek(&f, 0, nix::unistd::Whence::SeekHole) {
+        Ok(at) => (at as u64) < data_end,
+        Err(_) => false,
+    }
+}
+
+/// Where a segment's data region ends: its first metadata page (punching
+/// stops there, so the filter, index and footer stay whole).
+pub(super) fn data_end(footer: &format::Footer) -> u64 {
+    footer.filter_off / ALIGN as u64 * ALIGN as u64
+}
+
+/// Whether `name` is a segment or import file (what the tier caches).
+fn is_layer(name: &str) -> bool {
+    segment::is_layer_file_name(name)
+}
+
+impl Tier {
+    fn token(&mut self, t: u64) -> u64 {
+        self.next_token += 1;
+        tag(t, self.next_token & ((1 << TAG_SHIFT) - 1))
+    }
+
+    pub fn stats_arc(&self) -> Arc<RemoteStats> {
+        self.remote.stats()
+    }
+
+    pub fn stats(&self) -> TierStats {
+        let mut s = self.stats.clone();
+        s.objects = self.uploaded.len();
+        s.evicted_segments = self.evicted.len();
+        s.local_cache_budget = self.cfg.local_cache_bytes;
+        s
+    }
+
+    /// Queues a read of `seg`'s bytes `off..off+buf.len()` from the remote
+    /// (sent with the pass's others by [`Tier::send`]).
+    pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
+        self.stats.remote_block_reads += 1;
+        let end = off + buf.len() as u64;
+        self.batch.push((token, seg.name(), off..end));
+        self.bufs.insert(token, buf);
+    }
+
+    /// Notes a read of `name` (for the LRU).
+    pub fn touch(&mut self, name: &str) {
+        self.tick += 1;
+        self.stats.local_block_reads += 1;
+        if let Some(t) = self.last_use.get_mut(name) {
+            *t = self.tick;
+        } else {
+            self.last_use.insert(name.to_string(), self.tick);
+        }
+    }
+
+    /// Sends this pass's remote reads (coalesced by the client).
+    pub fn send(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let refs: Vec<(u64, &str, Range<u64>)> = batch
+            .iter()
+            .map(|(t, n, r)| (*t, n.as_str(), r.clone()))
+            .collect();
+        self.remote.get_blocks(&refs);
+    }
+
+    /// Starts uploading `path` as `name` unless it is durable or on its way.
+    pub fn upload(&mut self, name: &str, path: PathBuf) {
+        if self.uploaded.contains(name) || self.uploading.values().any(|n| n == name) {
+            return;
+        }
+        self.failed.remove(name);
+        let t = self.token(TAG_UPLOAD);
+        self.uploading.insert(t, name.to_string());
+        self.remote.upload_file(t, name, path);
+    }
+
+    /// Where an upload of `name` stands: `Some(Ok)` durable, `Some(Err)`
+    /// failed, `None` in flight (or never asked).
+    pub fn upload_state(&self, name: &str) -> Option<Result<(), String>> {
+        if self.uploaded.contains(name) {
+            return Some(Ok(()));
+        }
+        self.failed.get(name).map(|e| Err(e.clone()))
+    }
+
+    /// Deletes object `name` if it was uploaded.
+    pub fn delete(&mut self, name: &str) {
+        if self.uploaded.remove(name) {
+            let t = self.token(TAG_DELETE);
+            self.remote.delete(t, name);
+        }
+        self.evicted.remove(name);
+        self.last_use.remove(name);
+    }
+
+    /// Takes every outcome: reads become completions in `out` (their
+    /// buffers filled), the tier's own requests update its state.
+    pub fn reap(&mut self, out: &mut Vec<IoCompletion>) {
+        let mut got = std::mem::take(&mut self.stash);
+        self.remote.poll(|t, r| got.push((t, r)));
+        for (t, r) in got {
+            self.outcome(t, r, out);
+        }
+    }
+
+    fn outcome(&mut self, t: u64, r: Result<RemoteDone, RemoteError>, out: &mut Vec<IoCompletion>) {
+        match t >> TAG_SHIFT {
+            TAG_UPLOAD => {
+                let Some(name) = self.uploading.remove(&t) else {
+                    return;
+                };
+                self.progress = true;
+                match r {
+                    Ok(_) => {
+                        self.uploaded.insert(name);
+                    }
+                    Err(e) => {
+                        self.stats.uploads_failed += 1;
+                        self.stats.last_error = Some(e.to_string());
+                        self.failed.insert(name, e.to_string());
+                    }
+                }
+            }
+            TAG_DELETE => {
+                if let Err(e) = r {
+                    self.stats.deletes_failed += 1;
+                    self.stats.last_error = Some(e.to_string());
+                }
+            }
+            TAG_PUNCH => {
+                if let Err(e) = r {
+                    self.stats.last_error = Some(e.to_string());
+                }
+            }
+            // A synchronous wait's outcome arriving after it gave up: none
+            // (it waits for every one), so nothing to do.
+            TAG_SYNC => {}
+            _ => {
+                let Some(mut buf) = self.bufs.remove(&t) else {
+                    return;
+                };
+                let (result, remote_error) = match r {
+                    Ok(RemoteDone::Bytes(b)) if b.len() == buf.len() => {
+                        buf.copy_from_slice(&b);
+                        (Ok(b.len()), None)
+                    }
+                    Ok(_) => (Err(libc::EIO), None),
+                    Err(e) => {
+                        self.stats.last_error = Some(e.to_string());
+                        (Err(libc::EREMOTEIO), Some(Box::new(e)))
+                    }
+                };
+                out.push(IoCompletion {
+                    token: t,
+                    buf: Some(buf),
+                    result,
+                    remote_error,
+                });
+            }
+        }
+    }
+
+    /// Requests outstanding at the remote.
+    pub fn outstanding(&self) -> usize {
+        self.remote.outstanding() + self.batch.len()
+    }
+
+    /// Whether eviction should look at the disk now.
+    fn evict_due(&mut self) -> bool {
+        if self.cfg.local_cache_bytes.is_none() {
+            return false;
+        }
+        let now = Instant::now();
+        if now < self.next_evict {
+            return false;
+        }
+        self.next_evict = now + self.cfg.evict_interval;
+        true
+    }
+
+    /// Runs `get`'s ranges and waits for them (a restore's metadata, the
+    /// manifests at open): one result per range, in order. Other outcomes
+    /// are kept for the next `reap`.
+    fn get_sync(&mut self, wanted: &[(String, Range<u64>)]) -> Vec<Result<Bytes, RemoteError>> {
+        let base = self.next_token + 1;
+        let tokens: Vec<u64> = wanted.iter().map(|_| self.token(TAG_SYNC)).collect();
+        let refs: Vec<(u64, &str, Range<u64>)> = wanted
+            .iter()
+            .zip(&tokens)
+            .map(|((n, r), t)| (*t, n.as_str(), r.clone()))
+            .collect();
+        self.remote.get_blocks(&refs);
+        let mut res: Vec<Option<Result<Bytes, RemoteError>>> = wanted.iter().map(|_| None).collect();
+        let mut left = wanted.len();
+        while left > 0 {
+            let mut got = Vec::new();
+            self.remote.poll(|t, r| got.push((t, r)));
+            for (t, r) in got.into_iter().chain(std::mem::take(&mut self.stash)) {
+                let i = (t & ((1 << TAG_SHIFT) - 1)).wrapping_sub(base) as usize;
+                if t >> TAG_SHIFT == TAG_SYNC && i < res.len() && res[i].is_none() {
+                    res[i] = Some(r.and_then(|d| match d {
+                        RemoteDone::Bytes(b) => Ok(b),
+                        _ => Err(RemoteError::Config("a GET answered without bytes".into())),
+                    }));
+                    left -= 1;
+                } else {
+                    self.stash.push((t, r));
+                }
+            }
+            if left > 0 {
+                self.remote.wait(Duration::from_millis(50));
+            }
+        }
+        res.into_iter().map(|r| r.expect("every range answered")).collect()
+    }
+
+    /// Lists the store's objects and waits for the answer.
+    fn list_sync(&mut self) -> Result<Vec<(String, u64)>, RemoteError> {
+        let t = self.token(TAG_SYNC);
+        self.remote.list(t, "");
+        loop {
+            let mut got = Vec::new();
+            self.remote.poll(|tok, r| got.push((tok, r)));
+            let mut found = None;
+            for (tok, r) in got {
+                if tok == t {
+                    found = Some(r);
+                } else {
+                    self.stash.push((tok, r));
+                }
+            }
+            if let Some(r) = found {
+                return r.and_then(|d| match d {
+                    RemoteDone::Listed(v) => Ok(v),
+                    _ => Err(RemoteError::Config("a LIST answered without names".into())),
+                });
+            }
+            self.remote.wait(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The remote's view at open: its manifests downloaded where the local
+/// disk lacked them, and its objects.
+pub(super) fn prepare(
+    dir: &Path,
+    remote: Remote,
+    cfg: TierConfig,
+) -> Result<(Tier, Vec<(String, u64)>), StoreError> {
+    let mut tier = Tier {
+        remote,
+        cfg,
+        uploaded: HashSet::new(),
+        uploading: HashMap::new(),
+        failed: HashMap::new(),
+        next_token: 0,
+        evicted: HashSet::new(),
+        batch: Vec::new(),
+        bufs: HashMap::new(),
+        last_use: HashMap::new(),
+        tick: 0,
+        next_evict: Instant::now(),
+        progress: false,
+        stash: Vec::new(),
+        stats: TierStats::default(),
+    };
+    let unreachable = |e: RemoteError| {
+        StoreError::Remote(format!(
+            "cannot list the remote tier at open (the store will not guess which objects it holds): {e}"
+        ))
+    };
+    let listed = tier.list_sync().map_err(unreachable)?;
+    // Manifests and completion markers the local disk lacks: a new host,
+    // or a local disk that was lost.
+    let missing: Vec<(String, Range<u64>)> = listed
+        .iter()
+        .filter(|(n, _)| {
+            (manifest::parse_file_name(n).is_some() || n.ends_with(".complete"))
+                && !dir.join(n).exists()
+        })
+        .map(|(n, len)| (n.clone(), 0..*len))
+        .collect();
+    let dir_err = |e: std::io::Error| StoreError::Dir {
+        path: dir.display().to_string(),
+        msg: e.to_string(),
+    };
+    if !missing.is_empty() {
+        // Completion markers are empty: nothing to read.
+        let (empty, missing): (Vec<_>, Vec<_>) = missing.into_iter().partition(|(_, r)| r.is_empty());
+        for (name, _) in &empty {
+            write_durably(&dir.join(name), &[], 0).map_err(dir_err)?;
+        }
+        for ((name, _), got) in missing.iter().zip(tier.get_sync(&missing)) {
+            let bytes = match got {
+                Ok(b) => b,
+                // Deleted between the listing and the GET (a marker of a
+                // subsumed checkpoint): nothing to restore.
+                Err(RemoteError::NotFound { .. }) => continue,
+                Err(e) => return Err(unreachable(e)),
+            };
+            write_durably(&dir.join(name), &[(0, &bytes)], bytes.len() as u64)
+                .map_err(dir_err)?;
+        }
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(dir_err)?;
+    }
+    tier.uploaded = listed.iter().map(|(n, _)| n.clone()).collect();
+    Ok((tier, listed))
+}
+
+/// Writes `parts` (offset, bytes) into a new file of `len` bytes at `path`
+/// (through a temporary name, synced, then renamed).
+fn write_durably(path: &Path, parts: &[(u64, &[u8])], len: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let tmp = path.with_extension("part");
+    let f = std::fs::File::create(&tmp)?;
+    f.set_len(len)?;
+    for (off, b) in parts {
+        f.write_all_at(b, *off)?;
+    }
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+impl<I: Io> Store<I> {
+    /// Opens the store with a remote tier: the remote's manifests are
+    /// fetched where the local disk lacks them, its orphan segments are
+    /// deleted, and segment files whose data is only remote are read from
+    /// it. Fails if the remote cannot be listed.
+    pub fn open_tiered(
+        cfg: StoreConfig,
+        io: I,
+        remote: Remote,
+        tier_cfg: TierConfig,
+    ) -> Result<(Store<I>, RecoveryReport), StoreError> {
+        std::fs::create_dir_all(&cfg.dir).map_err(|e| StoreError::Dir {
+            path: cfg.dir.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        let (tier, listed) = prepare(&cfg.dir, remote, tier_cfg)?;
+        let (mut store, report) = Store::open(cfg, io)?;
+        store.tier = Some(tier);
+        // Names a manifest holds must never be reused by this host's new
+        // segments (an upload would replace an object a checkpoint needs).
+        let named: Vec<String> = store
+            .ckpt
+            .all_files()
+            .chain(listed.iter().map(|(n, _)| n.clone()))
+            .collect();
+        for n in &named {
+            if let Some((order, _)) = segment::parse_file_name(n) {
+                store.next_order = store.next_order.max(order + 1);
+            }
+            if let Some(serial) = segment::parse_import_file_name(n) {
+                store.next_import_file = store.next_import_file.max(serial + 1);
+            }
+        }
+        let segs: Vec<Rc<Segment>> = store.segments.clone();
+        for s in &segs {
+            store.note_remote(s);
+        }
+        // Objects no retained manifest and no local file names: left by a
+        // failed checkpoint, or by a delete that did not finish.
+        let orphans: Vec<String> = listed
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| is_layer(n) && !store.ckpt.pinned(n) && !store.cfg.dir.join(n).exists())
+            .cloned()
+            .collect();
+        let tier = store.tier.as_mut().expect("set above");
+        for n in orphans {
+            tier.delete(&n);
+        }
+        Ok((store, report))
+    }
+
+    /// Marks `seg` remote if its data region is a hole (it was evicted, or
+    /// fetched by a restore on an empty disk).
+    pub(super) fn note_remote(&mut self, seg: &Segment) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        let name = seg.name();
+        if tier.evicted.contains(&name) {
+            seg.remote.set(true);
+        } else if tier.uploaded.contains(&name) && has_hole(&seg.path, data_end(&seg.footer)) {
+            seg.remote.set(true);
+            tier.evicted.insert(name);
+        }
+    }
+
+    /// Brings the metadata of segments that only the remote holds to the
+    /// local disk (sparse files: footer, index and filter; the data stays
+    /// remote). `wanted`: file names and lengths, as manifests give them.
+    pub(super) fn materialize(&mut self, wanted: &[(String, u64)]) -> Result<(), StoreError> {
+        let dir = self.cfg.dir.clone();
+        let Some(tier) = self.tier.as_mut() else {
+            return Ok(());
+        };
+        let missing: Vec<&(String, u64)> = wanted
+            .iter()
+            .filter(|(n, _)| !dir.join(n).exists())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let refuse = |n: &str, what: String| {
+            StoreError::Restore(format!("segment {n} is not on the local disk and the remote tier cannot supply it: {what}"))
+        };
+        let mut pages = Vec::new();
+        for (n, len) in &missing {
+            let page = format::footer_page(*len)
+                .ok_or_else(|| refuse(n, format!("{len} bytes is not a whole number of pages")))?;
+            pages.push((n.clone(), page..*len));
+        }
+        let footers = tier.get_sync(&pages);
+        let mut metas = Vec::new();
+        let mut parsed = Vec::new();
+        for ((n, len), got) in missing.iter().zip(footers) {
+            let page = got.map_err(|e| refuse(n, e.to_string()))?;
+            let footer = format::Footer::decode(&page, *len).map_err(|m| StoreError::Corrupt {
+                path: format!("remote:{n}"),
+                offset: *len - ALIGN as u64,
+                what: m.0,
+            })?;
+            let meta_off = data_end(&footer);
+            metas.push((n.clone(), meta_off..*len - ALIGN as u64));
+            parsed.push((page, meta_off));
+        }
+        let got = tier.get_sync(&metas);
+        for ((((n, len), meta), (page, meta_off)), _) in
+            missing.iter().zip(got).zip(parsed).zip(&metas)
+        {
+            let meta = meta.map_err(|e| refuse(n, e.to_string()))?;
+            write_durably(
+                &dir.join(n),
+                &[(meta_off, &meta[..]), (*len - ALIGN as u64, &page[..])],
+                *len,
+            )
+            .map_err(|e| StoreError::io(&dir.join(n), "write", &e))?;
+            tier.evicted.insert(n.clone());
+        }
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StoreError::io(&dir, "fsync directory", &e))
+    }
+
+    /// Keeps the local segment files under the cache budget: the least
+    /// recently read ones that are durable remotely lose their data region.
+    pub(super) fn maybe_evict(&mut self) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        if !tier.evict_due() {
+            return;
+        }
+        let budget = tier.cfg.local_cache_bytes.unwrap_or(u64::MAX);
+        use std::os::unix::fs::MetadataExt;
+        let Ok(rd) = std::fs::read_dir(&self.cfg.dir) else {
+            return;
+        };
+        let mut files: Vec<(String, u64)> = Vec::new();
+        let mut used = 0u64;
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !is_layer(&name) {
+                continue;
+            }
+            let Ok(m) = e.metadata() else { continue };
+            let bytes = m.blocks() * 512;
+            used += bytes;
+            files.push((name, bytes));
+        }
+        tier.stats.local_cache_bytes = used;
+        if used <= budget {
+            return;
+        }
+        // Reads in flight on a file keep it whole until they finish.
+        let busy: HashSet<&Path> = self
+            .fetches
+            .iter()
+            .map(|(_, f)| f.seg.path.as_path())
+            .chain(
+                self.compact
+                    .iter()
+                    .flat_map(|j| j.inputs.iter().map(|s| s.path.as_path())),
+            )
+            .chain(self.exports.iter().flat_map(|(_, e)| e.paths()))
+            .collect();
+        let tier = self.tier.as_mut().expect("checked");
+        let mut candidates: Vec<(u64, String, u64)> = files
+            .into_iter()
+            .filter(|(n, _)| {
+                tier.uploaded.contains(n)
+                    && !tier.evicted.contains(n)
+                    && !busy.contains(self.cfg.dir.join(n).as_path())
+            })
+            .map(|(n, b)| (tier.last_use.get(&n).copied().unwrap_or(0), n, b))
+            .collect();
+        candidates.sort();
+        let target = budget / 10 * 9;
+        let mut victims = Vec::new();
+        for (_, name, bytes) in candidates {
+            if used <= target {
+                break;
+            }
+            used = used.saturating_sub(bytes);
+            victims.push(name);
+        }
+        for name in victims {
+            self.evict(&name);
+        }
+    }
+
+    /// Makes `name`'s data remote only: reads go to the remote from now on,
+    /// and its data region is punched out of the local file off the shard
+    /// thread.
+    fn evict(&mut self, name: &str) {
+        let path = self.cfg.dir.join(name);
+        let open = self
+            .segments
+            .iter()
+            .chain(&self.retired)
+            .chain(&self.awaiting_dir_sync)
+            .filter(|s| s.path == path);
+        let mut end = None;
+        for s in open {
+            s.remote.set(true);
+            end = Some(data_end(&s.footer));
+        }
+        let end = match end {
+            Some(e) => e,
+            // A file only a checkpoint names: its footer says where.
+            None => match read_footer(&path) {
+                Some(f) => data_end(&f),
+                None => return,
+            },
+        };
+        let tier = self.tier.as_mut().expect("evicting with a tier");
+        tier.evicted.insert(name.to_string());
+        tier.stats.evictions += 1;
+        let t = tier.token(TAG_PUNCH);
+        tier.remote.local_task(t, path.display().to_string(), move || {
+            let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+            nix::fcntl::fallocate(
+                &f,
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                0,
+                end as i64,
+            )
+            .map_err(std::io::Error::from)
+        });
+    }
+
+    /// The remote tier's counters, if there is one.
+    pub fn remote_stats(&self) -> Option<(TierStats, Arc<RemoteStats>)> {
+        self.tier.as_ref().map(|t| (t.stats(), t.stats_arc()))
+    }
+
+    /// The eventfd that is readable while remote outcomes wait (a shard
+    /// watches it with its ring).
+    pub fn remote_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.tier.as_ref().map(|t| t.remote.bell())
+    }
+}
+
+/// A segment file's footer, read with a plain `pread` (eviction of a file
+/// no layer has open; rare, one page).
+fn read_footer(path: &Path) -> Option<format::Footer> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let page = format::footer_page(len)?;
+    let mut buf = vec![0u8; ALIGN];
+    f.read_exact_at(&mut buf, page).ok()?;
+    format::Footer::decode(&buf, len).ok()
+}
+
+/// Routes a segment read to the local disk or to the remote tier.
+pub(super) struct Reads<'a, I: Io> {
+    pub io: &'a mut I,
+    pub tier: Option<&'a mut Tier>,
+}
+
+impl<I: Io> Reads<'_, I> {
+    pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
+        match self.tier.as_deref_mut() {
+            Some(t) if seg.remote.get() => t.read(seg, off, buf, token),
+            Some(t) => {
+                t.touch(&seg.name());
+                self.io.read(seg.file, off, buf, token);
+            }
+            None => self.io.read(seg.file, off, buf, token),
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! The store with its remote tier, against a real S3-compatible server on
+//! loopback (`s3s-fs`) and against a directory:
+//! - a checkpoint uploads its segments and manifest before its handle;
+//! - restore and rescale on an empty local disk read lazily from the remote;
+//! - eviction keeps the local disk under its budget, and evicted segments
+//!   are read remotely (also after a reopen);
+//! - garbage collection deletes what no retained checkpoint names, never
+//!   what one needs (orphans too, at open);
+//! - the server stopped: a checkpoint fails clearly, remote reads fail
+//!   alone while local ones go on; restarted: a later checkpoint uploads
+//!   what was missing, and nothing acknowledged is lost.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::s3::{Server, s3};
+use common::{Owned, checkpoint, run, settle_fully};
+use stator_store::io::UringIo;
+use stator_store::remote::{Remote, RemoteConfig, RemoteDone, RemoteRuntime, Target, object_store};
+use stator_store::{
+    CheckpointSpec, KeyRef, Notify, Op, RestoreSpec, Store, StoreConfig, StoreError, TierConfig,
+};
+
+const OWNER: &[u8] = b"job\0op";
+const STATES: [u32; 1] = [7];
+const KGS: u16 = 16;
+const KEYS: usize = 12_000;
+
+fn rt() -> &'static RemoteRuntime {
+    static RT: OnceLock<RemoteRuntime> = OnceLock::new();
+    RT.get_or_init(|| RemoteRuntime::new(2).unwrap())
+}
+
+fn remote(target: &Target, prefix: &str) -> Remote {
+    let mut cfg = RemoteConfig::new(target.clone());
+    cfg.prefix = prefix.into();
+    cfg.retries = 1;
+    cfg.backoff = Duration::from_millis(20);
+    cfg.timeout = Duration::from_secs(3);
+    let store = object_store(&cfg).unwrap();
+    Remote::new(store, cfg, rt().handle()).unwrap()
+}
+
+fn open(
+    dir: &Path,
+    target: &Target,
+    prefix: &str,
+    budget: Option<u64>,
+) -> Result<Store<UringIo>, StoreError> {
+    let mut cfg = StoreConfig::new(dir, 16 << 20);
+    cfg.memtable_bytes = Some(1 << 20);
+    cfg.retained_checkpoints = 1;
+    let mut t = TierConfig::new(budget);
+    t.evict_interval = Duration::ZERO;
+    Store::open_tiered(cfg, UringIo::new(256, true).unwrap(), remote(target, prefix), t)
+        .map(|(s, _)| s)
+}
+
+fn key(i: usize) -> (u16, Vec<u8>) {
+    ((i % KGS as usize) as u16, format!("key-{i:08}").into_bytes())
+}
+
+fn kr(kg: u16, k: &[u8]) -> KeyRef<'_> {
+    KeyRef {
+        key_group: kg,
+        state: STATES[0],
+        key: k,
+        namespace: b"",
+    }
+}
+
+fn value(i: usize, round: u8) -> Vec<u8> {
+    let mut v = vec![round; 180];
+    v[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    v
+}
+
+fn put_all<I: stator_store::io::Io>(s: &mut Store<I>, round: u8) {
+    for i in 0..KEYS {
+        let (kg, k) = key(i);
+        run(s, Op::Put(kr(kg, &k), &value(i, round))).unwrap();
+    }
+    s.flush();
+    settle_fully(s);
+}
+
+/// Every key in `lo..=hi` reads `round`'s value; the others read nothing.
+fn check_all<I: stator_store::io::Io>(s: &mut Store<I>, round: u8, lo: u16, hi: u16) {
+    // Many reads pending at once: the misses of a pass go out together.
+    let mut want = std::collections::HashMap::new();
+    for i in 0..KEYS {
+        let (kg, k) = key(i);
+        match s.submit(i as u64, Op::Get(kr(kg, &k))).unwrap() {
+            stator_store::Submitted::Ready(o) => check_one(i, kg, Owned::from(o), round, lo, hi),
+            stator_store::Submitted::Pending => {
+                want.insert(i as u64, kg);
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !want.is_empty() {
+        let mut got = Vec::new();
+        s.poll(|t, r| got.push((t, r.map(Owned::from))));
+        for (t, r) in got {
+            let kg = want.remove(&t).expect("a token asked for");
+            check_one(t as usize, kg, r.unwrap(), round, lo, hi);
+        }
+        assert!(Instant::now() < deadline, "{} reads never completed", want.len());
+        if !want.is_empty() {
+            s.wait(Some(Duration::from_millis(5))).unwrap();
+        }
+    }
+}
+
+fn check_one(i: usize, kg: u16, got: Owned, round: u8, lo: u16, hi: u16) {
+    let expect = (lo..=hi).contains(&kg).then(|| value(i, round));
+    assert_eq!(got, Owned::Value(expect), "key {i}");
+}
+
+fn spec(id: u64) -> CheckpointSpec {
+    CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: KGS - 1,
+        states: STATES.to_vec(),
+        meta: b"meta".to_vec(),
+    }
+}
+
+fn restore_spec(lo: u16, hi: u16) -> RestoreSpec<'static> {
+    RestoreSpec {
+        owner: OWNER,
+        lo,
+        hi,
+        states: &STATES,
+    }
+}
+
+/// The object names under `prefix`.
+fn objects(target: &Target, prefix: &str) -> BTreeSet<String> {
+    let mut r = remote(target, prefix);
+    r.list(1, "");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = None;
+    while out.is_none() {
+        assert!(Instant::now() < deadline);
+        r.wait(Duration::from_millis(50));
+        r.poll(|_, res| out = Some(res));
+    }
+    match out.unwrap().unwrap() {
+        RemoteDone::Listed(v) => v.into_iter().map(|(n, _)| n).collect(),
+        o => panic!("{o:?}"),
+    }
+}
+
+fn segment_names(names: &BTreeSet<String>) -> BTreeSet<String> {
+    names.iter().filter(|n| n.ends_with(".sst")).cloned().collect()
+}
+
+/// Bytes the store directory's files take on the disk.
+fn disk_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().blocks() * 512)
+        .sum()
+}
+
+/// Upload on checkpoint, then restore and rescale on empty local disks.
+fn upload_restore_rescale(target: &Target) {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a");
+    let mut s = open(&a, target, "t/shard-0", None).unwrap();
+    put_all(&mut s, 1);
+    assert!(s.stats().segments >= 2, "{:?}", s.stats());
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    // Every segment the checkpoint names, and its manifest, are remote.
+    let names = objects(target, "t/shard-0");
+    let local: BTreeSet<String> = std::fs::read_dir(&a)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".sst"))
+        .collect();
+    let remote_segs = segment_names(&names);
+    assert_eq!(
+        remote_segs.len(),
+        s.checkpoints()[0].segments,
+        "every segment the checkpoint names is uploaded: {names:?}"
+    );
+    assert!(remote_segs.is_subset(&local), "{remote_segs:?} {local:?}");
+    assert!(names.iter().any(|n| n.ends_with(".manifest")), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with(".complete")), "{names:?}");
+    // The live state moves on; the checkpoint does not.
+    run(&mut s, Op::Put(kr(0, b"later"), b"x")).unwrap();
+    drop(s);
+
+    // A new host: an empty local disk, the same prefix.
+    let b = tmp.path().join("b");
+    let mut s = open(&b, target, "t/shard-0", None).unwrap();
+    assert_eq!(s.checkpoints().len(), 1, "the manifest came from the remote");
+    let r = s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
+    assert_eq!(r.manifests[0].meta, b"meta");
+    // Only metadata was fetched: the files are sparse.
+    let seg_bytes: u64 = s.stats().segment_bytes;
+    assert!(
+        disk_bytes(&b) < seg_bytes / 2,
+        "restore downloaded data: {} of {} bytes",
+        disk_bytes(&b),
+        seg_bytes
+    );
+    check_all(&mut s, 1, 0, KGS - 1);
+    let st = s.stats().remote.unwrap();
+    assert!(st.remote_block_reads > 0, "{st:?}");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(0, b"later"))).unwrap(),
+        Owned::Value(None)
+    );
+    // Compaction over remote-only segments reads them remotely and writes
+    // a local one; the state is unchanged.
+    s.compact_all();
+    settle_fully(&mut s);
+    check_all(&mut s, 1, 0, KGS - 1);
+    drop(s);
+
+    // Rescale: another empty disk takes half the key groups.
+    let c = tmp.path().join("c");
+    let mut s = open(&c, target, "t/shard-0", None).unwrap();
+    s.restore(restore_spec(0, KGS / 2 - 1), &[&h]).unwrap();
+    check_all(&mut s, 1, 0, KGS / 2 - 1);
+}
+
+#[test]
+fn upload_restore_and_rescale_on_empty_disks_s3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    upload_restore_rescale(&s3(server.port));
+}
+
+#[test]
+fn upload_restore_and_rescale_on_empty_disks_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    upload_restore_rescale(&Target::Local {
+        dir: tmp.path().join("remote"),
+    });
+}
+
+/// The local disk stays within its budget once segments are durable
+/// remotely; evicted segments read from the remote, also after a reopen.
+#[test]
+fn eviction_keeps_the_local_disk_within_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let target = s3(server.port);
+    let dir = tmp.path().join("d");
+    let budget = 512 << 10;
+    let mut s = open(&dir, &target, "e", Some(budget)).unwrap();
+    put_all(&mut s, 2);
+    let before = disk_bytes(&dir);
+    assert!(before > 2 * budget, "{before}");
+    // Nothing is evicted before it is durable remotely.
+    s.poll(|_, _| {});
+    assert_eq!(s.stats().remote.unwrap().evictions, 0);
+    checkpoint(&mut s, spec(1)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        s.poll(|_, _| {});
+        let st = s.stats().remote.unwrap();
+        if st.evictions > 0 && disk_bytes(&dir) <= budget + (256 << 10) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never evicted: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check_all(&mut s, 2, 0, KGS - 1);
+    assert!(s.stats().remote.unwrap().remote_block_reads > 0);
+    drop(s);
+    // Reopened: the holes say which segments are remote.
+    let mut s = open(&dir, &target, "e", Some(budget)).unwrap();
+    assert!(s.stats().remote.unwrap().evicted_segments > 0);
+    check_all(&mut s, 2, 0, KGS - 1);
+}
+
+/// GC: a subsumed checkpoint's segments go from the remote when no retained
+/// checkpoint and no live layer names them; the retained one's stay and
+/// restore; an orphan object is deleted at open.
+#[test]
+fn remote_gc_deletes_only_what_no_retained_checkpoint_needs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = Target::Local {
+        dir: tmp.path().join("remote"),
+    };
+    let dir = tmp.path().join("d");
+    let mut s = open(&dir, &target, "g", None).unwrap();
+    put_all(&mut s, 1);
+    checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    let first = segment_names(&objects(&target, "g"));
+    put_all(&mut s, 2);
+    s.compact_all();
+    settle_fully(&mut s);
+    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    s.checkpoint_notify(OWNER, 2, Notify::Complete);
+    settle_fully(&mut s);
+    // The compaction retired the first checkpoint's segments; once it was
+    // subsumed nothing names them, and the remote lets them go.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let names = loop {
+        s.poll(|_, _| {});
+        let names = objects(&target, "g");
+        let manifests = names.iter().filter(|n| n.ends_with(".manifest")).count();
+        if manifests == 1 && segment_names(&names).is_disjoint(&first) {
+            break names;
+        }
+        assert!(Instant::now() < deadline, "{names:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let second = segment_names(&names);
+    assert_eq!(second.len(), 1, "one compacted segment: {second:?}");
+    drop(s);
+    // An orphan (a failed checkpoint's upload) is deleted at open.
+    let orphan = "seg-00000000000000f0-00000000.sst";
+    let gdir = tmp.path().join("remote").join("g");
+    std::fs::write(gdir.join(orphan), b"orphan").unwrap();
+    let s = open(&dir, &target, "g", None).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut s = s;
+    while gdir.join(orphan).exists() {
+        s.poll(|_, _| {});
+        assert!(Instant::now() < deadline, "orphan stayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(s);
+    // The retained checkpoint restores on an empty disk.
+    let mut s = open(&tmp.path().join("e"), &target, "g", None).unwrap();
+    s.restore(restore_spec(0, KGS - 1), &[&h2]).unwrap();
+    check_all(&mut s, 2, 0, KGS - 1);
+}
+
+/// The server stopped: a checkpoint fails with a clear error and nothing
+/// else stops (local reads and writes go on; reads that need the remote
+/// fail alone). Restarted: the next checkpoint uploads what was missing and
+/// restores exactly.
+#[test]
+fn server_stopped_fails_only_what_needs_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s3");
+    let Some(mut server) = Server::start(&root, 0) else {
+        return;
+    };
+    let port = server.port;
+    let target = s3(port);
+    // A restored (remote-only) layer and a local one.
+    let src = tmp.path().join("src");
+    let mut s = open(&src, &target, "f", None).unwrap();
+    put_all(&mut s, 3);
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    drop(s);
+    let dir = tmp.path().join("d");
+    let mut s = open(&dir, &target, "f", None).unwrap();
+    s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
+    run(&mut s, Op::Put(kr(1, b"local"), b"here")).unwrap();
+    s.flush();
+    settle_fully(&mut s);
+
+    server.stop();
+    let e = checkpoint(&mut s, spec(2)).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Remote(_)), "{e}");
+    assert!(msg.contains("not durable remotely") && msg.contains("attempt"), "{msg}");
+    // Local state answers; a remote-only key fails clearly.
+    assert_eq!(
+        run(&mut s, Op::Get(kr(1, b"local"))).unwrap(),
+        Owned::Value(Some(b"here".to_vec()))
+    );
+    let (kg, k) = key(5);
+    let e = run(&mut s, Op::Get(kr(kg, &k))).unwrap_err();
+    assert!(matches!(e, StoreError::Remote(_)), "{e}");
+    run(&mut s, Op::Put(kr(2, b"during"), b"outage")).unwrap();
+
+    let server = Server::start(&root, port).expect("restart");
+    let h2 = checkpoint(&mut s, spec(2)).unwrap();
+    s.checkpoint_notify(OWNER, 2, Notify::Complete);
+    check_all(&mut s, 3, 0, KGS - 1);
+    drop(s);
+    let mut s = open(&tmp.path().join("e"), &target, "f", None).unwrap();
+    s.restore(restore_spec(0, KGS - 1), &[&h2]).unwrap();
+    check_all(&mut s, 3, 0, KGS - 1);
+    for (kg, k, v) in [(1, &b"local"[..], &b"here"[..]), (2, b"during", b"outage")] {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(kg, k))).unwrap(),
+            Owned::Value(Some(v.to_vec()))
+        );
+    }
+    drop(server);
+}
