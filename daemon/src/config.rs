@@ -33,6 +33,95 @@ pub struct Config {
     /// `max_sessions`, `allowed_uids` and `session.*` but `session.batch`).
     pub log: String,
     pub session: SessionLimits,
+    /// The remote tier (off unless `remote.enabled`).
+    pub remote: RemoteSettings,
+}
+
+/// The remote tier: segments on object storage, the local disk as a cache.
+/// (Its `Debug` hides the secret key: `--print-config` shows the rest.)
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteSettings {
+    pub enabled: bool,
+    /// An S3 or S3-compatible bucket; empty = a directory (`dir`).
+    pub bucket: String,
+    /// `http://127.0.0.1:9000` for a compatible server; empty = AWS.
+    pub endpoint: String,
+    /// Empty: `AWS_REGION`/`AWS_DEFAULT_REGION`, or the client's default.
+    pub region: String,
+    /// Empty: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`.
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// Allow plain-HTTP endpoints (a server on loopback).
+    pub allow_http: bool,
+    /// The remote directory when no bucket is set; empty =
+    /// `<data_dir>/remote`.
+    pub dir: PathBuf,
+    /// Key prefix of this daemon's objects (`<prefix>/shard-<n>/...`). One
+    /// daemon per prefix: two writing the same prefix would collect each
+    /// other's objects.
+    pub prefix: String,
+    /// Bytes of segment files kept on the local disk, MiB (over all
+    /// shards); 0 = no limit (nothing is evicted).
+    pub local_cache_mib: u64,
+    /// GETs in flight at most, per shard.
+    pub max_in_flight: usize,
+    /// One attempt of one request at most, milliseconds.
+    pub timeout_ms: u64,
+    /// Attempts after the first (exponential backoff from `backoff_ms`).
+    pub retries: u32,
+    pub backoff_ms: u64,
+    /// Threads of the runtime remote requests run on.
+    pub threads: usize,
+}
+
+impl std::fmt::Debug for RemoteSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = if self.secret_access_key.is_empty() {
+            ""
+        } else {
+            "(set, not shown)"
+        };
+        f.debug_struct("RemoteSettings")
+            .field("enabled", &self.enabled)
+            .field("bucket", &self.bucket)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &secret)
+            .field("allow_http", &self.allow_http)
+            .field("dir", &self.dir)
+            .field("prefix", &self.prefix)
+            .field("local_cache_mib", &self.local_cache_mib)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("retries", &self.retries)
+            .field("backoff_ms", &self.backoff_ms)
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl Default for RemoteSettings {
+    fn default() -> Self {
+        RemoteSettings {
+            enabled: false,
+            bucket: String::new(),
+            endpoint: String::new(),
+            region: String::new(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+            allow_http: false,
+            dir: PathBuf::new(),
+            prefix: "stator".into(),
+            local_cache_mib: 0,
+            max_in_flight: 8192,
+            timeout_ms: 10_000,
+            retries: 4,
+            backoff_ms: 50,
+            threads: 2,
+        }
+    }
 }
 
 /// Per-session sizes and limits.
@@ -76,6 +165,7 @@ impl Default for Config {
             max_sessions: 1024,
             log: "info".into(),
             session: SessionLimits::default(),
+            remote: RemoteSettings::default(),
         }
     }
 }
@@ -146,6 +236,7 @@ impl Config {
             ("memtable_mib", self.memtable_mib != new.memtable_mib),
             ("spin_us", self.spin_us != new.spin_us),
             ("session.batch", self.session.batch != new.session.batch),
+            ("remote", self.remote != new.remote),
         ]
         .into_iter()
         .filter_map(|(k, changed)| changed.then_some(k))
@@ -252,6 +343,42 @@ impl Config {
         if s.batch == 0 || s.batch > 65536 {
             return Err(invalid("session.batch", "must be in 1..=65536"));
         }
+        let r = &mut self.remote;
+        if r.enabled {
+            if r.bucket.is_empty() && r.dir.as_os_str().is_empty() {
+                r.dir = self.data_dir.join("remote");
+            }
+            if r.bucket.is_empty() && !r.endpoint.is_empty() {
+                return Err(invalid("remote.endpoint", "needs remote.bucket"));
+            }
+            if r.access_key_id.is_empty() != r.secret_access_key.is_empty() {
+                return Err(invalid(
+                    "remote.access_key_id",
+                    "set with remote.secret_access_key, or neither (the AWS environment variables)",
+                ));
+            }
+            if r.prefix
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+            {
+                return Err(invalid(
+                    "remote.prefix",
+                    "must be non-empty path parts separated by single slashes",
+                ));
+            }
+            if r.max_in_flight == 0 || r.max_in_flight > 1 << 20 {
+                return Err(invalid("remote.max_in_flight", "must be in 1..=1048576"));
+            }
+            if r.timeout_ms == 0 {
+                return Err(invalid("remote.timeout_ms", "must be at least 1"));
+            }
+            if r.retries > 100 {
+                return Err(invalid("remote.retries", "at most 100"));
+            }
+            if r.threads == 0 || r.threads > 64 {
+                return Err(invalid("remote.threads", "must be in 1..=64"));
+            }
+        }
         Ok(self)
     }
 
@@ -275,6 +402,42 @@ impl Config {
             c.memtable_bytes = Some((self.memtable_mib << 20) as usize);
         }
         c
+    }
+
+    /// The remote client's configuration for one shard (`None`: the tier
+    /// is off).
+    pub fn remote_config(&self, shard: usize) -> Option<stator_store::remote::RemoteConfig> {
+        use stator_store::remote::{RemoteConfig, Target};
+        let r = &self.remote;
+        if !r.enabled {
+            return None;
+        }
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let target = if r.bucket.is_empty() {
+            Target::Local { dir: r.dir.clone() }
+        } else {
+            Target::S3 {
+                bucket: r.bucket.clone(),
+                endpoint: some(&r.endpoint),
+                region: some(&r.region),
+                access_key_id: some(&r.access_key_id),
+                secret_access_key: some(&r.secret_access_key),
+                allow_http: r.allow_http,
+            }
+        };
+        let mut c = RemoteConfig::new(target);
+        c.prefix = format!("{}/shard-{shard}", r.prefix);
+        c.max_in_flight = r.max_in_flight;
+        c.timeout = std::time::Duration::from_millis(r.timeout_ms);
+        c.retries = r.retries;
+        c.backoff = std::time::Duration::from_millis(r.backoff_ms);
+        Some(c)
+    }
+
+    /// One shard's remote tier settings.
+    pub fn tier_config(&self) -> stator_store::TierConfig {
+        let per_shard = (self.remote.local_cache_mib << 20) / self.shards.max(1) as u64;
+        stator_store::TierConfig::new((per_shard > 0).then_some(per_shard))
     }
 }
 

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use stator_ring::Doorbell;
 use stator_store::Store;
 use stator_store::io::UringIo;
+use stator_store::remote::{Remote, RemoteRuntime};
 
 use crate::config::Config;
 use crate::control::{Ctx, Registry};
@@ -54,6 +55,8 @@ pub enum StartError {
     InUse(String),
     #[error("shard {shard}: {msg}")]
     Shard { shard: usize, msg: String },
+    #[error("the remote tier: {0}")]
+    Remote(String),
 }
 
 /// A running daemon.
@@ -62,6 +65,8 @@ pub struct Daemon {
     acceptor: Option<JoinHandle<()>>,
     shards: Vec<JoinHandle<ShardStats>>,
     status: Option<StatusServer>,
+    /// Where the remote tier's requests run (dropped after the shards).
+    remote_rt: Option<RemoteRuntime>,
 }
 
 fn path_err(what: &'static str, p: &std::path::Path) -> impl FnOnce(std::io::Error) -> StartError {
@@ -89,10 +94,30 @@ impl Daemon {
                 .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?,
         ));
 
+        // The remote tier: one runtime and one object store client shared
+        // by every shard's `Remote`.
+        let remote_rt = match cfg.remote_config(0) {
+            None => None,
+            Some(rc) => {
+                let rt = RemoteRuntime::new(cfg.remote.threads)
+                    .map_err(|e| StartError::Remote(format!("cannot start its runtime: {e}")))?;
+                let os = stator_store::remote::object_store(&rc)
+                    .map_err(|e| StartError::Remote(e.to_string()))?;
+                Some((rt, os))
+            }
+        };
         let mut handles = Vec::new();
         let mut shards = Vec::new();
         for i in 0..cfg.shards {
             let store_cfg = cfg.store_config(i);
+            let remote = match (&remote_rt, cfg.remote_config(i)) {
+                (Some((rt, os)), Some(rc)) => Some(
+                    Remote::new(os.clone(), rc, rt.handle())
+                        .map_err(|e| StartError::Remote(format!("eventfd: {e}")))?,
+                ),
+                _ => None,
+            };
+            let tier_cfg = cfg.tier_config();
             let dir = store_cfg.dir.clone();
             let (tx, rx) = crossbeam_channel::unbounded();
             let bell = Arc::new(Doorbell::new().map_err(|e| StartError::Shard {
@@ -114,7 +139,11 @@ impl Daemon {
                     let opened = UringIo::new(4096, true)
                         .map_err(|e| format!("cannot create an io_uring: {e}"))
                         .and_then(|io| {
-                            Store::open(store_cfg, io).map_err(|e| e.to_string())
+                            match remote {
+                                Some(r) => Store::open_tiered(store_cfg, io, r, tier_cfg),
+                                None => Store::open(store_cfg, io),
+                            }
+                            .map_err(|e| e.to_string())
                         });
                     match opened {
                         Ok((store, report)) => {
@@ -194,6 +223,7 @@ impl Daemon {
             acceptor: Some(acceptor),
             shards,
             status: Some(status),
+            remote_rt: remote_rt.map(|(rt, _)| rt),
         })
     }
 
@@ -248,6 +278,7 @@ impl Daemon {
         if let Some(s) = self.status.take() {
             s.stop();
         }
+        drop(self.remote_rt.take());
         stats
     }
 }

@@ -319,6 +319,8 @@ pub struct ShardReport {
     pub memory: MemoryUsage,
     pub store: StoreStats,
     pub checkpoints: Vec<CheckpointInfo>,
+    /// The remote client's live counters (with the tier on).
+    pub remote: Option<Arc<stator_store::remote::RemoteStats>>,
 }
 
 impl Default for ShardReport {
@@ -329,6 +331,7 @@ impl Default for ShardReport {
             memory: MemoryUsage::default(),
             store: StoreStats::default(),
             checkpoints: Vec::new(),
+            remote: None,
         }
     }
 }

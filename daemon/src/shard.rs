@@ -276,6 +276,8 @@ struct Item {
 }
 
 const BELL_TOKEN: u64 = 0;
+/// The remote tier's eventfd (session ids start at 1 and never reach it).
+const REMOTE_TOKEN: u64 = u64::MAX;
 /// How many requests ahead the shard starts loading client memory.
 const PREFETCH_AHEAD: usize = 8;
 /// Bytes of keys and values one batch copies out before it runs: bounds
@@ -292,6 +294,10 @@ pub struct Shard {
     rx: Receiver<ShardMsg>,
     bell: Arc<Doorbell>,
     bell_armed: bool,
+    /// The store's remote tier eventfd (a duplicate), and whether the ring
+    /// watches it.
+    remote_bell: Option<std::os::fd::OwnedFd>,
+    remote_armed: bool,
     spin: Duration,
     batch: u32,
     scratch: Vec<u8>,
@@ -322,6 +328,7 @@ fn status_of(e: &StoreError) -> Status {
         StoreError::Restore(_) => Status::BadArgument,
         StoreError::Limit(_) => Status::Busy,
         StoreError::Snapshot(_) => Status::BadSnapshot,
+        StoreError::Remote(_) => Status::Remote,
     }
 }
 
@@ -440,6 +447,7 @@ impl Shard {
         (spin, batch): (Duration, u32),
         registry: Arc<Mutex<Registry>>,
     ) -> Shard {
+        let remote_bell = store.remote_fd().and_then(|f| f.try_clone_to_owned().ok());
         Shard {
             id,
             store,
@@ -450,6 +458,8 @@ impl Shard {
             rx,
             bell,
             bell_armed: false,
+            remote_bell,
+            remote_armed: false,
             spin,
             batch,
             scratch: Vec::new(),
@@ -1060,6 +1070,7 @@ impl Shard {
             memory: self.store.memory(),
             store: self.store.stats(),
             checkpoints: self.store.checkpoints(),
+            remote: self.store.remote_stats().map(|(_, r)| r),
         };
         self.live.report.set(r);
     }
@@ -1114,6 +1125,12 @@ impl Shard {
                 io.poll_readable(self.bell.fd(), BELL_TOKEN);
                 self.bell_armed = true;
             }
+            // Remote outcomes (reads, uploads) wake the shard as disk
+            // completions do.
+            if let Some(fd) = self.remote_bell.as_ref().filter(|_| !self.remote_armed) {
+                io.poll_readable(std::os::fd::AsFd::as_fd(fd), REMOTE_TOKEN);
+                self.remote_armed = true;
+            }
             for (_, s) in self.sessions.iter_mut() {
                 if !s.armed && !s.broken {
                     io.poll_readable(s.to_daemon.fd(), s.id);
@@ -1147,6 +1164,9 @@ impl Shard {
             if t == BELL_TOKEN {
                 self.bell.drain();
                 self.bell_armed = false;
+            } else if t == REMOTE_TOKEN {
+                // The store's poll takes the outcomes (and reads the bell).
+                self.remote_armed = false;
             } else if let Some(&slot) = self.by_id.get(&t) {
                 let s = &mut self.sessions[slot];
                 s.to_daemon.drain();

@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -35,6 +35,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use serde_json::json;
+use stator_store::TierStats;
+use stator_store::remote::{GET_BUCKETS, RemoteStats};
 
 use crate::control::Ctx;
 use crate::metrics::{BUCKETS, OPS, OpSnapshot, ShardReport, bucket_bound_s, op_name};
@@ -461,6 +463,31 @@ impl Gathered {
                         "checkpoints_in_progress": r.store.checkpoints_in_progress,
                         "last_background_error": r.store.last_background_error.as_ref().map(|e| e.to_string()),
                     },
+                    "remote": r.store.remote.as_ref().map(|t| {
+                        let live = r.remote.as_deref();
+                        let get = |f: fn(&RemoteStats) -> &AtomicU64| {
+                            live.map_or(0, |s| f(s).load(Ordering::Relaxed))
+                        };
+                        json!({
+                            "objects": t.objects,
+                            "evicted_segments": t.evicted_segments,
+                            "local_cache_bytes": t.local_cache_bytes,
+                            "local_cache_budget_bytes": t.local_cache_budget,
+                            "local_block_reads": t.local_block_reads,
+                            "remote_block_reads": t.remote_block_reads,
+                            "evictions": t.evictions,
+                            "uploads_failed": t.uploads_failed,
+                            "deletes_failed": t.deletes_failed,
+                            "last_error": t.last_error,
+                            "gets": get(|s| &s.gets),
+                            "gets_in_flight": get(|s| &s.gets_in_flight),
+                            "bytes_fetched": get(|s| &s.bytes_fetched),
+                            "uploads_pending": get(|s| &s.uploads_pending),
+                            "bytes_uploaded": get(|s| &s.bytes_uploaded),
+                            "retries": get(|s| &s.retries),
+                            "errors": get(|s| &s.errors),
+                        })
+                    }),
                 })
             })
             .collect();
@@ -554,6 +581,158 @@ fn histograms<'a>(
         )?;
     }
     Ok(())
+}
+
+impl Gathered {
+    /// The remote tier's metrics (none while it is off).
+    fn encode_remote(&self, e: &mut DescriptorEncoder) -> Fmt {
+        let tiers: Vec<(&TierStats, Option<&RemoteStats>)> = self
+            .shards
+            .iter()
+            .filter_map(|(r, _)| Some((r.store.remote.as_ref()?, r.remote.as_deref())))
+            .collect();
+        if tiers.is_empty() {
+            return Ok(());
+        }
+        let tsum = |f: fn(&TierStats) -> u64| tiers.iter().map(|(t, _)| f(t)).sum::<u64>();
+        let rsum = |f: fn(&RemoteStats) -> &AtomicU64| {
+            tiers
+                .iter()
+                .filter_map(|(_, r)| *r)
+                .map(|r| f(r).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let (local, remote) = (
+            tsum(|t| t.local_block_reads),
+            tsum(|t| t.remote_block_reads),
+        );
+        {
+            let mut m = e.encode_descriptor(
+                "remote_block_reads",
+                "Segment block reads by where they were served (the local disk cache or the remote tier)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (source, v) in [("local", local), ("remote", remote)] {
+                m.encode_family(&[("source", source)])?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
+        gauge(
+            e,
+            "remote_cache_hit_ratio",
+            "Block reads the local disk served, of all block reads since start (1 before any)",
+            if local + remote == 0 {
+                1.0
+            } else {
+                local as f64 / (local + remote) as f64
+            },
+        )?;
+        gauge(
+            e,
+            "remote_local_cache_bytes",
+            "Bytes segment files take on the local disk (at the last eviction pass)",
+            tsum(|t| t.local_cache_bytes) as f64,
+        )?;
+        gauge(
+            e,
+            "remote_local_cache_budget_bytes",
+            "The local disk cache's budget (remote.local_cache_mib; 0: none)",
+            tsum(|t| t.local_cache_budget.unwrap_or(0)) as f64,
+        )?;
+        gauge(
+            e,
+            "remote_evicted_segments",
+            "Segment files whose data is only remote",
+            tsum(|t| t.evicted_segments as u64) as f64,
+        )?;
+        counter(
+            e,
+            "remote_evictions",
+            "Segment files evicted from the local disk",
+            tsum(|t| t.evictions),
+        )?;
+        gauge(
+            e,
+            "remote_gets_in_flight",
+            "Ranged GETs in flight",
+            rsum(|s| &s.gets_in_flight) as f64,
+        )?;
+        counter(
+            e,
+            "remote_gets",
+            "Ranged GETs issued (after coalescing)",
+            rsum(|s| &s.gets),
+        )?;
+        counter(
+            e,
+            "remote_bytes_fetched",
+            "Bytes read from the remote tier",
+            rsum(|s| &s.bytes_fetched),
+        )?;
+        gauge(
+            e,
+            "remote_uploads_pending",
+            "Uploads in flight",
+            rsum(|s| &s.uploads_pending) as f64,
+        )?;
+        counter(
+            e,
+            "remote_bytes_uploaded",
+            "Bytes uploaded",
+            rsum(|s| &s.bytes_uploaded),
+        )?;
+        counter(
+            e,
+            "remote_uploads_failed",
+            "Uploads that failed after their retries (each fails its checkpoint)",
+            tsum(|t| t.uploads_failed),
+        )?;
+        counter(
+            e,
+            "remote_retries",
+            "Remote request attempts retried",
+            rsum(|s| &s.retries),
+        )?;
+        counter(
+            e,
+            "remote_errors",
+            "Remote requests that failed after their retries",
+            rsum(|s| &s.errors),
+        )?;
+        let mut counts = [0u64; GET_BUCKETS];
+        for (_, r) in &tiers {
+            if let Some(r) = r {
+                for (c, b) in counts.iter_mut().zip(&r.get_hist) {
+                    *c += b.load(Ordering::Relaxed);
+                }
+            }
+        }
+        let buckets: Vec<(f64, u64)> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let bound = if i + 1 == GET_BUCKETS {
+                    f64::INFINITY
+                } else {
+                    (1u64 << i) as f64 / 1e6
+                };
+                (bound, c)
+            })
+            .collect();
+        e.encode_descriptor(
+            "remote_get_duration_seconds",
+            "Ranged GET latency, retries included",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(
+            rsum(|s| &s.get_ns) as f64 / 1e9,
+            counts.iter().sum(),
+            &buckets,
+            None,
+        )
+    }
 }
 
 impl Collector for Gathered {
@@ -737,6 +916,7 @@ impl Collector for Gathered {
                     .encode_gauge(&up)?;
             }
         }
+        self.encode_remote(&mut e)?;
         gauge(
             &mut e,
             "background_errors",

@@ -174,6 +174,9 @@ type Outcome = (u64, Result<RemoteDone, RemoteError>);
 /// Completions handed from the runtime to the shard.
 struct Queue {
     done: Mutex<Vec<Outcome>>,
+    /// Outcomes in `done` (read without the lock: an empty poll costs no
+    /// syscall).
+    len: AtomicU64,
     bell: EventFd,
 }
 
@@ -181,7 +184,10 @@ impl Queue {
     fn push(&self, items: impl IntoIterator<Item = Outcome>) {
         let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
         let was_empty = d.is_empty();
+        let before = d.len();
         d.extend(items);
+        self.len
+            .fetch_add((d.len() - before) as u64, Ordering::Release);
         // One wake per batch the shard has not taken yet.
         if was_empty && !d.is_empty() {
             drop(d);
@@ -354,6 +360,7 @@ impl Remote {
             cfg: Arc::new(cfg),
             queue: Arc::new(Queue {
                 done: Mutex::new(Vec::new()),
+                len: AtomicU64::new(0),
                 bell,
             }),
             stats: Arc::default(),
@@ -596,10 +603,17 @@ impl Remote {
 
     /// Hands every outcome that arrived to `f`; returns how many.
     pub fn poll(&mut self, mut f: impl FnMut(u64, Result<RemoteDone, RemoteError>)) -> usize {
+        if self.queue.len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         // Clear the bell before taking the queue: a push after this read
         // either lands in what is taken now or rings again.
         let _ = self.queue.bell.read();
-        let taken = std::mem::take(&mut *self.queue.done.lock().unwrap_or_else(|p| p.into_inner()));
+        let taken = {
+            let mut d = self.queue.done.lock().unwrap_or_else(|p| p.into_inner());
+            self.queue.len.fetch_sub(d.len() as u64, Ordering::Release);
+            std::mem::take(&mut *d)
+        };
         let n = taken.len();
         self.outstanding -= n;
         for (t, r) in taken {

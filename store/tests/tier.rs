@@ -56,12 +56,20 @@ fn open(
     cfg.retained_checkpoints = 1;
     let mut t = TierConfig::new(budget);
     t.evict_interval = Duration::ZERO;
-    Store::open_tiered(cfg, UringIo::new(256, true).unwrap(), remote(target, prefix), t)
-        .map(|(s, _)| s)
+    Store::open_tiered(
+        cfg,
+        UringIo::new(256, true).unwrap(),
+        remote(target, prefix),
+        t,
+    )
+    .map(|(s, _)| s)
 }
 
 fn key(i: usize) -> (u16, Vec<u8>) {
-    ((i % KGS as usize) as u16, format!("key-{i:08}").into_bytes())
+    (
+        (i % KGS as usize) as u16,
+        format!("key-{i:08}").into_bytes(),
+    )
 }
 
 fn kr(kg: u16, k: &[u8]) -> KeyRef<'_> {
@@ -109,7 +117,11 @@ fn check_all<I: stator_store::io::Io>(s: &mut Store<I>, round: u8, lo: u16, hi: 
             let kg = want.remove(&t).expect("a token asked for");
             check_one(t as usize, kg, r.unwrap(), round, lo, hi);
         }
-        assert!(Instant::now() < deadline, "{} reads never completed", want.len());
+        assert!(
+            Instant::now() < deadline,
+            "{} reads never completed",
+            want.len()
+        );
         if !want.is_empty() {
             s.wait(Some(Duration::from_millis(5))).unwrap();
         }
@@ -159,7 +171,11 @@ fn objects(target: &Target, prefix: &str) -> BTreeSet<String> {
 }
 
 fn segment_names(names: &BTreeSet<String>) -> BTreeSet<String> {
-    names.iter().filter(|n| n.ends_with(".sst")).cloned().collect()
+    names
+        .iter()
+        .filter(|n| n.ends_with(".sst"))
+        .cloned()
+        .collect()
 }
 
 /// Bytes the store directory's files take on the disk.
@@ -206,7 +222,11 @@ fn upload_restore_rescale(target: &Target) {
     // A new host: an empty local disk, the same prefix.
     let b = tmp.path().join("b");
     let mut s = open(&b, target, "t/shard-0", None).unwrap();
-    assert_eq!(s.checkpoints().len(), 1, "the manifest came from the remote");
+    assert_eq!(
+        s.checkpoints().len(),
+        1,
+        "the manifest came from the remote"
+    );
     let r = s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
     assert_eq!(r.manifests[0].meta, b"meta");
     // Only metadata was fetched: the files are sparse.
@@ -380,7 +400,10 @@ fn server_stopped_fails_only_what_needs_it() {
     let e = checkpoint(&mut s, spec(2)).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, StoreError::Remote(_)), "{e}");
-    assert!(msg.contains("not durable remotely") && msg.contains("attempt"), "{msg}");
+    assert!(
+        msg.contains("not durable remotely") && msg.contains("attempt"),
+        "{msg}"
+    );
     // Local state answers; a remote-only key fails clearly.
     assert_eq!(
         run(&mut s, Op::Get(kr(1, b"local"))).unwrap(),

@@ -2,6 +2,10 @@
 //! temporary directory, and sessions against it.
 #![allow(dead_code)]
 
+/// The S3-compatible server the store's remote tests use.
+#[path = "../../store/tests/common/s3.rs"]
+pub mod s3;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -30,8 +30,8 @@ mod write;
 pub use checkpoint::{
     CheckpointInfo, CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest,
 };
-pub use tier::{TierConfig, TierStats};
 pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
+pub use tier::{TierConfig, TierStats};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};

@@ -308,7 +308,8 @@ impl Tier {
             .map(|((n, r), t)| (*t, n.as_str(), r.clone()))
             .collect();
         self.remote.get_blocks(&refs);
-        let mut res: Vec<Option<Result<Bytes, RemoteError>>> = wanted.iter().map(|_| None).collect();
+        let mut res: Vec<Option<Result<Bytes, RemoteError>>> =
+            wanted.iter().map(|_| None).collect();
         let mut left = wanted.len();
         while left > 0 {
             let mut got = Vec::new();
@@ -329,7 +330,9 @@ impl Tier {
                 self.remote.wait(Duration::from_millis(50));
             }
         }
-        res.into_iter().map(|r| r.expect("every range answered")).collect()
+        res.into_iter()
+            .map(|r| r.expect("every range answered"))
+            .collect()
     }
 
     /// Lists the store's objects and waits for the answer.
@@ -404,7 +407,8 @@ pub(super) fn prepare(
     };
     if !missing.is_empty() {
         // Completion markers are empty: nothing to read.
-        let (empty, missing): (Vec<_>, Vec<_>) = missing.into_iter().partition(|(_, r)| r.is_empty());
+        let (empty, missing): (Vec<_>, Vec<_>) =
+            missing.into_iter().partition(|(_, r)| r.is_empty());
         for (name, _) in &empty {
             write_durably(&dir.join(name), &[], 0).map_err(dir_err)?;
         }
@@ -416,8 +420,7 @@ pub(super) fn prepare(
                 Err(RemoteError::NotFound { .. }) => continue,
                 Err(e) => return Err(unreachable(e)),
             };
-            write_durably(&dir.join(name), &[(0, &bytes)], bytes.len() as u64)
-                .map_err(dir_err)?;
+            write_durably(&dir.join(name), &[(0, &bytes)], bytes.len() as u64).map_err(dir_err)?;
         }
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
@@ -524,7 +527,9 @@ impl<I: Io> Store<I> {
             return Ok(());
         }
         let refuse = |n: &str, what: String| {
-            StoreError::Restore(format!("segment {n} is not on the local disk and the remote tier cannot supply it: {what}"))
+            StoreError::Restore(format!(
+                "segment {n} is not on the local disk and the remote tier cannot supply it: {what}"
+            ))
         };
         let mut pages = Vec::new();
         for (n, len) in &missing {
@@ -659,17 +664,18 @@ impl<I: Io> Store<I> {
         tier.evicted.insert(name.to_string());
         tier.stats.evictions += 1;
         let t = tier.token(TAG_PUNCH);
-        tier.remote.local_task(t, path.display().to_string(), move || {
-            let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-            nix::fcntl::fallocate(
-                &f,
-                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
-                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                0,
-                end as i64,
-            )
-            .map_err(std::io::Error::from)
-        });
+        tier.remote
+            .local_task(t, path.display().to_string(), move || {
+                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+                nix::fcntl::fallocate(
+                    &f,
+                    nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                        | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    end as i64,
+                )
+                .map_err(std::io::Error::from)
+            });
     }
 
     /// The remote tier's counters, if there is one.

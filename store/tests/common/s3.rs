@@ -87,4 +87,3 @@ pub fn s3(port: u16) -> Target {
         allow_http: true,
     }
 }
-
