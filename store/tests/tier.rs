@@ -256,6 +256,12 @@ fn upload_restore_rescale(target: &Target) {
     let mut s = open(&c, target, "t/shard-0", None).unwrap();
     s.restore(restore_spec(0, KGS / 2 - 1), &[&h]).unwrap();
     check_all(&mut s, 1, 0, KGS / 2 - 1);
+    // Reopened: the fetched segments are the restore's layers, clipped to
+    // its half, never live layers of their own.
+    drop(s);
+    let mut s = open(&c, target, "t/shard-0", None).unwrap();
+    check_all(&mut s, 1, 0, KGS / 2 - 1);
+    assert!(s.stats().remote.unwrap().evicted_segments > 0);
 }
 
 #[test]

@@ -457,7 +457,7 @@ impl<I: Io> Store<I> {
                     let p = &mut self.ckpt.pending[k];
                     p.phase = Phase::Uploading;
                     for (_, l) in &p.layers {
-                        t.upload(&l.name, self.cfg.dir.join(&l.name));
+                        t.upload(&l.name, tier::layer_path(&self.cfg.dir, &l.name));
                     }
                 }
                 None => self.write_manifest(k),
@@ -660,6 +660,7 @@ impl<I: Io> Store<I> {
         if !live && !writing {
             let _ = std::fs::remove_file(self.cfg.dir.join(name));
             if let Some(t) = self.tier.as_mut() {
+                let _ = std::fs::remove_file(self.cfg.dir.join(tier::FETCHED_DIR).join(name));
                 t.delete(name);
             }
         }
@@ -885,7 +886,7 @@ impl<I: Io> Store<I> {
                 let Some(clip) = l.clip.narrowed(lo, hi) else {
                     continue;
                 };
-                let path = self.cfg.dir.join(&l.name);
+                let path = tier::layer_path(&self.cfg.dir, &l.name);
                 let id = self.next_segment_id;
                 self.next_segment_id += 1;
                 let r = self.reference(&path, id).and_then(|s| {

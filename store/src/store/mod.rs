@@ -618,7 +618,7 @@ impl<I: Io> Store<I> {
         // Segments a restore references, under the order the restore gave
         // them.
         for imp in imports {
-            let path = cfg.dir.join(&imp.name);
+            let path = tier::layer_path(&cfg.dir, &imp.name);
             let cannot = |e: StoreError| {
                 StoreError::Restore(format!(
                     "{} names {} for a restored state, which cannot be opened: {e}",

@@ -125,6 +125,26 @@ pub(super) fn data_end(footer: &format::Footer) -> u64 {
     footer.filter_off / ALIGN as u64 * ALIGN as u64
 }
 
+/// Where a restore puts the segments it fetched from the remote (their
+/// metadata; the data stays remote): a subdirectory, so that reopening the
+/// store never takes another host's segments for its own live layers.
+pub(super) const FETCHED_DIR: &str = "fetched";
+
+/// The file of segment `name`: in the store directory (its own, live or
+/// kept by a checkpoint), else among the fetched ones.
+pub(super) fn layer_path(dir: &Path, name: &str) -> PathBuf {
+    let own = dir.join(name);
+    if own.exists() {
+        return own;
+    }
+    let fetched = dir.join(FETCHED_DIR).join(name);
+    if fetched.exists() { fetched } else { own }
+}
+
+/// How long a restore waits for the remote (it runs on the shard thread,
+/// which must beat within the watchdog's 3 s).
+const RESTORE_FETCH_LIMIT: Duration = Duration::from_secs(2);
+
 /// Whether `name` is a segment or import file (what the tier caches).
 fn is_layer(name: &str) -> bool {
     segment::is_layer_file_name(name)
@@ -299,7 +319,12 @@ impl Tier {
     /// Runs `get`'s ranges and waits for them (a restore's metadata, the
     /// manifests at open): one result per range, in order. Other outcomes
     /// are kept for the next `reap`.
-    fn get_sync(&mut self, wanted: &[(String, Range<u64>)]) -> Vec<Result<Bytes, RemoteError>> {
+    fn get_sync(
+        &mut self,
+        wanted: &[(String, Range<u64>)],
+        limit: Option<Duration>,
+    ) -> Vec<Result<Bytes, RemoteError>> {
+        let deadline = limit.map(|l| Instant::now() + l);
         let base = self.next_token + 1;
         let tokens: Vec<u64> = wanted.iter().map(|_| self.token(TAG_SYNC)).collect();
         let refs: Vec<(u64, &str, Range<u64>)> = wanted
@@ -327,11 +352,25 @@ impl Tier {
                 }
             }
             if left > 0 {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
                 self.remote.wait(Duration::from_millis(50));
             }
         }
+        // Late answers are dropped by `reap` (their tag is TAG_SYNC).
         res.into_iter()
-            .map(|r| r.expect("every range answered"))
+            .zip(wanted)
+            .map(|(r, (n, _))| {
+                r.unwrap_or_else(|| {
+                    Err(RemoteError::Failed {
+                        op: "GET",
+                        path: n.clone(),
+                        attempts: 0,
+                        msg: format!("no answer within {limit:?} (a restore waits no longer)"),
+                    })
+                })
+            })
             .collect()
     }
 
@@ -412,7 +451,7 @@ pub(super) fn prepare(
         for (name, _) in &empty {
             write_durably(&dir.join(name), &[], 0).map_err(dir_err)?;
         }
-        for ((name, _), got) in missing.iter().zip(tier.get_sync(&missing)) {
+        for ((name, _), got) in missing.iter().zip(tier.get_sync(&missing, None)) {
             let bytes = match got {
                 Ok(b) => b,
                 // Deleted between the listing and the GET (a marker of a
@@ -486,7 +525,9 @@ impl<I: Io> Store<I> {
         let orphans: Vec<String> = listed
             .iter()
             .map(|(n, _)| n)
-            .filter(|n| is_layer(n) && !store.ckpt.pinned(n) && !store.cfg.dir.join(n).exists())
+            .filter(|n| {
+                is_layer(n) && !store.ckpt.pinned(n) && !layer_path(&store.cfg.dir, n).exists()
+            })
             .cloned()
             .collect();
         let tier = store.tier.as_mut().expect("set above");
@@ -521,7 +562,7 @@ impl<I: Io> Store<I> {
         };
         let missing: Vec<&(String, u64)> = wanted
             .iter()
-            .filter(|(n, _)| !dir.join(n).exists())
+            .filter(|(n, _)| !layer_path(&dir, n).exists())
             .collect();
         if missing.is_empty() {
             return Ok(());
@@ -531,13 +572,15 @@ impl<I: Io> Store<I> {
                 "segment {n} is not on the local disk and the remote tier cannot supply it: {what}"
             ))
         };
+        let fetched = dir.join(FETCHED_DIR);
+        std::fs::create_dir_all(&fetched).map_err(|e| StoreError::io(&fetched, "create", &e))?;
         let mut pages = Vec::new();
         for (n, len) in &missing {
             let page = format::footer_page(*len)
                 .ok_or_else(|| refuse(n, format!("{len} bytes is not a whole number of pages")))?;
             pages.push((n.clone(), page..*len));
         }
-        let footers = tier.get_sync(&pages);
+        let footers = tier.get_sync(&pages, Some(RESTORE_FETCH_LIMIT));
         let mut metas = Vec::new();
         let mut parsed = Vec::new();
         for ((n, len), got) in missing.iter().zip(footers) {
@@ -551,22 +594,23 @@ impl<I: Io> Store<I> {
             metas.push((n.clone(), meta_off..*len - ALIGN as u64));
             parsed.push((page, meta_off));
         }
-        let got = tier.get_sync(&metas);
+        let got = tier.get_sync(&metas, Some(RESTORE_FETCH_LIMIT));
         for ((((n, len), meta), (page, meta_off)), _) in
             missing.iter().zip(got).zip(parsed).zip(&metas)
         {
             let meta = meta.map_err(|e| refuse(n, e.to_string()))?;
+            let path = fetched.join(n);
             write_durably(
-                &dir.join(n),
+                &path,
                 &[(meta_off, &meta[..]), (*len - ALIGN as u64, &page[..])],
                 *len,
             )
-            .map_err(|e| StoreError::io(&dir.join(n), "write", &e))?;
+            .map_err(|e| StoreError::io(&path, "write", &e))?;
             tier.evicted.insert(n.clone());
         }
-        std::fs::File::open(&dir)
+        std::fs::File::open(&fetched)
             .and_then(|d| d.sync_all())
-            .map_err(|e| StoreError::io(&dir, "fsync directory", &e))
+            .map_err(|e| StoreError::io(&fetched, "fsync directory", &e))
     }
 
     /// Keeps the local segment files under the cache budget: the least
