@@ -188,9 +188,10 @@ impl Queue {
         d.extend(items);
         self.len
             .fetch_add((d.len() - before) as u64, Ordering::Release);
-        // One wake per batch the shard has not taken yet.
+        // One wake per batch the shard has not taken yet, rung under the
+        // lock: the bell is set exactly while outcomes wait (a bell left
+        // set with nothing queued would wake the shard forever).
         if was_empty && !d.is_empty() {
-            drop(d);
             let _ = self.bell.write(1);
         }
     }
@@ -277,6 +278,7 @@ fn transient(e: &object_store::Error) -> bool {
 /// Runs `attempt` with the configured timeout, retries and backoff.
 async fn with_retries<T, F, Fut>(
     cfg: &RemoteConfig,
+    timeout: Duration,
     stats: &RemoteStats,
     op: &'static str,
     path: &ObjPath,
@@ -290,7 +292,7 @@ where
     let mut tries = 0;
     loop {
         tries += 1;
-        let msg = match tokio::time::timeout(cfg.timeout, attempt()).await {
+        let msg = match tokio::time::timeout(timeout, attempt()).await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(object_store::Error::NotFound { .. })) => {
                 return Err(RemoteError::NotFound {
@@ -306,7 +308,7 @@ where
                 });
             }
             Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("no answer within {:?}", cfg.timeout),
+            Err(_) => format!("no answer within {timeout:?}"),
         };
         if tries > cfg.retries {
             return Err(RemoteError::Failed {
@@ -473,7 +475,10 @@ impl Remote {
         let path = self.path(name);
         stats.uploads_pending.fetch_add(1, Ordering::Relaxed);
         self.rt.spawn(async move {
-            let r = with_retries(&cfg, &stats, "upload", &path, || {
+            // An attempt may take the timeout per 8 MiB part.
+            let len = tokio::fs::metadata(&file).await.map_or(0, |m| m.len());
+            let timeout = cfg.timeout * (1 + (len >> 23) as u32);
+            let r = with_retries(&cfg, timeout, &stats, "upload", &path, || {
                 upload(&*store, &path, &file)
             })
             .await;
@@ -527,7 +532,10 @@ impl Remote {
         let (store, cfg, stats, queue) = self.handles();
         let path = self.path(name);
         self.rt.spawn(async move {
-            let r = match with_retries(&cfg, &stats, "DELETE", &path, || store.delete(&path)).await
+            let r = match with_retries(&cfg, cfg.timeout, &stats, "DELETE", &path, || {
+                store.delete(&path)
+            })
+            .await
             {
                 Ok(()) | Err(RemoteError::NotFound { .. }) => Ok(RemoteDone::Deleted),
                 Err(e) => Err(e),
@@ -556,7 +564,7 @@ impl Remote {
         self.rt.spawn(async move {
             let shown = at.clone().map_or_else(String::new, |p| p.to_string());
             let path = ObjPath::from(shown);
-            let r = with_retries(&cfg, &stats, "LIST", &path, || {
+            let r = with_retries(&cfg, cfg.timeout, &stats, "LIST", &path, || {
                 store.list(at.as_ref()).try_collect::<Vec<_>>()
             })
             .await
@@ -587,12 +595,11 @@ impl Remote {
         if self.queue.len.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        // Clear the bell before taking the queue: a push after this read
-        // either lands in what is taken now or rings again.
-        let _ = self.queue.bell.read();
+        // Taken and cleared under the lock pushes ring under.
         let taken = {
             let mut d = self.queue.done.lock().unwrap_or_else(|p| p.into_inner());
             self.queue.len.fetch_sub(d.len() as u64, Ordering::Release);
+            let _ = self.queue.bell.read();
             std::mem::take(&mut *d)
         };
         let n = taken.len();
@@ -640,7 +647,10 @@ async fn one_get(
     stats.gets_in_flight.fetch_add(1, Ordering::Relaxed);
     stats.gets.fetch_add(1, Ordering::Relaxed);
     let t0 = Instant::now();
-    let r = with_retries(cfg, stats, "GET", &path, || store.get_range(&path, span.clone())).await;
+    let r = with_retries(cfg, cfg.timeout, stats, "GET", &path, || {
+        store.get_range(&path, span.clone())
+    })
+    .await;
     stats.record_get(t0.elapsed());
     stats.gets_in_flight.fetch_sub(1, Ordering::Relaxed);
     match r {
@@ -700,13 +710,22 @@ async fn upload(
     }
     let mut w = WriteMultipart::new_with_chunk_size(store.put_multipart(path).await?, 8 << 20);
     let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).await.map_err(io)?;
-        if n == 0 {
-            break;
+    let sent: Result<(), object_store::Error> = async {
+        loop {
+            let n = f.read(&mut buf).await.map_err(io)?;
+            if n == 0 {
+                return Ok(());
+            }
+            w.wait_for_capacity(4).await?;
+            w.write(&buf[..n]);
         }
-        w.wait_for_capacity(4).await?;
-        w.write(&buf[..n]);
+    }
+    .await;
+    if let Err(e) = sent {
+        // Leave no incomplete upload behind (one cut by the attempt's
+        // timeout is left to the bucket's lifecycle rule; README).
+        let _ = w.abort().await;
+        return Err(e);
     }
     w.finish().await?;
     Ok(len)

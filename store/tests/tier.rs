@@ -198,6 +198,10 @@ fn upload_restore_rescale(target: &Target) {
     let h = checkpoint(&mut s, spec(1)).unwrap();
     s.checkpoint_notify(OWNER, 1, Notify::Complete);
     settle_fully(&mut s);
+    // A checkpoint whose files are all remote already completes too.
+    let again = checkpoint(&mut s, spec(9)).unwrap();
+    assert!(s.discard_checkpoint(&again));
+    settle_fully(&mut s);
     // Every segment the checkpoint names, and its manifest, are remote.
     let names = objects(target, "t/shard-0");
     let local: BTreeSet<String> = std::fs::read_dir(&a)
@@ -333,7 +337,15 @@ fn remote_gc_deletes_only_what_no_retained_checkpoint_needs() {
     put_all(&mut s, 1);
     checkpoint(&mut s, spec(1)).unwrap();
     s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
     let first = segment_names(&objects(&target, "g"));
+    let gdir = tmp.path().join("remote").join("g");
+    let m1 = std::fs::read_dir(&gdir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".manifest"))
+        .unwrap();
+    let (m1_name, m1_bytes) = (m1.file_name(), std::fs::read(m1.path()).unwrap());
     put_all(&mut s, 2);
     s.compact_all();
     settle_fully(&mut s);
@@ -356,14 +368,21 @@ fn remote_gc_deletes_only_what_no_retained_checkpoint_needs() {
     let second = segment_names(&names);
     assert_eq!(second.len(), 1, "one compacted segment: {second:?}");
     drop(s);
-    // An orphan (a failed checkpoint's upload) is deleted at open.
+    // An orphan (a failed checkpoint's upload) is deleted at open, and a
+    // subsumed manifest whose remote delete never happened is not taken
+    // back: the local store is the truth, and the delete is finished.
     let orphan = "seg-00000000000000f0-00000000.sst";
-    let gdir = tmp.path().join("remote").join("g");
     std::fs::write(gdir.join(orphan), b"orphan").unwrap();
+    std::fs::write(gdir.join(&m1_name), &m1_bytes).unwrap();
     let s = open(&dir, &target, "g", None).unwrap();
+    assert_eq!(
+        s.checkpoints().len(),
+        1,
+        "the subsumed checkpoint stays gone"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut s = s;
-    while gdir.join(orphan).exists() {
+    while gdir.join(orphan).exists() || gdir.join(&m1_name).exists() {
         s.poll(|_, _| {});
         assert!(Instant::now() < deadline, "orphan stayed");
         std::thread::sleep(Duration::from_millis(20));

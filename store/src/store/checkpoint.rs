@@ -221,6 +221,11 @@ impl Checkpoints {
         self.pins.contains_key(file)
     }
 
+    /// New checkpoints are numbered above `seq`.
+    pub(super) fn number_above(&mut self, seq: u64) {
+        self.next_seq = self.next_seq.max(seq + 1);
+    }
+
     /// Every file a retained manifest names.
     pub(super) fn all_files(&self) -> impl Iterator<Item = String> + '_ {
         self.retained.values().flat_map(|r| r.files.iter().cloned())
@@ -456,6 +461,8 @@ impl<I: Io> Store<I> {
                 Some(t) => {
                     let p = &mut self.ckpt.pending[k];
                     p.phase = Phase::Uploading;
+                    // Looked at below even if every file is already remote.
+                    t.progress = true;
                     for (_, l) in &p.layers {
                         t.upload(&l.name, tier::layer_path(&self.cfg.dir, &l.name));
                     }

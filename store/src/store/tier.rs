@@ -90,6 +90,8 @@ pub(super) struct Tier {
     uploading: HashMap<u64, String>,
     /// Names whose last upload failed, with why (until the next attempt).
     failed: HashMap<String, String>,
+    /// Deleted while their upload ran: deleted when it ends.
+    doomed: HashSet<String>,
     next_token: u64,
     /// Segment files whose data region is only remote.
     evicted: HashSet<String>,
@@ -203,7 +205,10 @@ impl Tier {
 
     /// Starts uploading `path` as `name` unless it is durable or on its way.
     pub fn upload(&mut self, name: &str, path: PathBuf) {
+        // Whoever waits for it looks at its state at the next step.
+        self.progress = true;
         if self.uploaded.contains(name) || self.uploading.values().any(|n| n == name) {
+            self.doomed.remove(name);
             return;
         }
         self.failed.remove(name);
@@ -221,11 +226,13 @@ impl Tier {
         self.failed.get(name).map(|e| Err(e.clone()))
     }
 
-    /// Deletes object `name` if it was uploaded.
+    /// Deletes object `name` if it was uploaded (or once its upload ends).
     pub fn delete(&mut self, name: &str) {
         if self.uploaded.remove(name) {
             let t = self.token(TAG_DELETE);
             self.remote.delete(t, name);
+        } else if self.uploading.values().any(|n| n == name) {
+            self.doomed.insert(name.to_string());
         }
         self.evicted.remove(name);
         self.last_use.remove(name);
@@ -248,6 +255,13 @@ impl Tier {
                     return;
                 };
                 self.progress = true;
+                if self.doomed.remove(&name) {
+                    if r.is_ok() {
+                        let t = self.token(TAG_DELETE);
+                        self.remote.delete(t, &name);
+                    }
+                    return;
+                }
                 match r {
                     Ok(_) => {
                         self.uploaded.insert(name);
@@ -303,16 +317,18 @@ impl Tier {
         self.remote.outstanding() + self.batch.len()
     }
 
-    /// Whether eviction should look at the disk now.
+    /// Whether eviction should look at the disk now (without a budget,
+    /// only to measure it, every few seconds).
     fn evict_due(&mut self) -> bool {
-        if self.cfg.local_cache_bytes.is_none() {
-            return false;
-        }
         let now = Instant::now();
         if now < self.next_evict {
             return false;
         }
-        self.next_evict = now + self.cfg.evict_interval;
+        let every = match self.cfg.local_cache_bytes {
+            Some(_) => self.cfg.evict_interval,
+            None => self.cfg.evict_interval.max(Duration::from_secs(5)),
+        };
+        self.next_evict = now + every;
         true
     }
 
@@ -322,9 +338,8 @@ impl Tier {
     fn get_sync(
         &mut self,
         wanted: &[(String, Range<u64>)],
-        limit: Option<Duration>,
+        deadline: Option<Instant>,
     ) -> Vec<Result<Bytes, RemoteError>> {
-        let deadline = limit.map(|l| Instant::now() + l);
         let base = self.next_token + 1;
         let tokens: Vec<u64> = wanted.iter().map(|_| self.token(TAG_SYNC)).collect();
         let refs: Vec<(u64, &str, Range<u64>)> = wanted
@@ -367,7 +382,9 @@ impl Tier {
                         op: "GET",
                         path: n.clone(),
                         attempts: 0,
-                        msg: format!("no answer within {limit:?} (a restore waits no longer)"),
+                        msg: format!(
+                            "no answer within {RESTORE_FETCH_LIMIT:?} (a restore waits no longer)"
+                        ),
                     })
                 })
             })
@@ -413,6 +430,7 @@ pub(super) fn prepare(
         uploaded: HashSet::new(),
         uploading: HashMap::new(),
         failed: HashMap::new(),
+        doomed: HashSet::new(),
         next_token: 0,
         evicted: HashSet::new(),
         batch: Vec::new(),
@@ -430,20 +448,36 @@ pub(super) fn prepare(
         ))
     };
     let listed = tier.list_sync().map_err(unreachable)?;
-    // Manifests and completion markers the local disk lacks: a new host,
-    // or a local disk that was lost.
-    let missing: Vec<(String, Range<u64>)> = listed
-        .iter()
-        .filter(|(n, _)| {
-            (manifest::parse_file_name(n).is_some() || n.ends_with(".complete"))
-                && !dir.join(n).exists()
-        })
-        .map(|(n, len)| (n.clone(), 0..*len))
-        .collect();
     let dir_err = |e: std::io::Error| StoreError::Dir {
         path: dir.display().to_string(),
         msg: e.to_string(),
     };
+    // A directory that holds no store yet (a new host, a lost disk) takes
+    // the remote's manifests; one that holds a store is the truth, and the
+    // remote's manifests it lacks are deletes that did not finish.
+    let fresh = std::fs::read_dir(dir).map_err(dir_err)?.flatten().all(|e| {
+        let n = e.file_name().to_string_lossy().to_string();
+        manifest::parse_file_name(&n).is_none() && !is_layer(&n) && n != "LAYERS"
+    });
+    let checkpoint_file =
+        |n: &str| manifest::parse_file_name(n).is_some() || n.ends_with(".complete");
+    let missing: Vec<(String, Range<u64>)> = listed
+        .iter()
+        .filter(|(n, _)| checkpoint_file(n) && !dir.join(n).exists())
+        .map(|(n, len)| (n.clone(), 0..*len))
+        .collect();
+    if !fresh {
+        for (n, _) in &missing {
+            let t = tier.token(TAG_DELETE);
+            tier.remote.delete(t, n);
+        }
+        let listed: Vec<(String, u64)> = listed
+            .into_iter()
+            .filter(|(n, _)| !missing.iter().any(|(m, _)| m == n))
+            .collect();
+        tier.uploaded = listed.iter().map(|(n, _)| n.clone()).collect();
+        return Ok((tier, listed));
+    }
     if !missing.is_empty() {
         // Completion markers are empty: nothing to read.
         let (empty, missing): (Vec<_>, Vec<_>) =
@@ -509,6 +543,14 @@ impl<I: Io> Store<I> {
             .chain(listed.iter().map(|(n, _)| n.clone()))
             .collect();
         for n in &named {
+            // Checkpoint numbers too: a stale marker must never mark a
+            // new checkpoint of the same number.
+            let seq = n
+                .strip_suffix(".complete")
+                .map_or(n.clone(), |s| format!("{s}.manifest"));
+            if let Some(seq) = manifest::parse_file_name(&seq) {
+                store.ckpt.number_above(seq);
+            }
             if let Some((order, _)) = segment::parse_file_name(n) {
                 store.next_order = store.next_order.max(order + 1);
             }
@@ -580,7 +622,9 @@ impl<I: Io> Store<I> {
                 .ok_or_else(|| refuse(n, format!("{len} bytes is not a whole number of pages")))?;
             pages.push((n.clone(), page..*len));
         }
-        let footers = tier.get_sync(&pages, Some(RESTORE_FETCH_LIMIT));
+        // One limit for both rounds.
+        let deadline = Some(Instant::now() + RESTORE_FETCH_LIMIT);
+        let footers = tier.get_sync(&pages, deadline);
         let mut metas = Vec::new();
         let mut parsed = Vec::new();
         for ((n, len), got) in missing.iter().zip(footers) {
@@ -594,7 +638,7 @@ impl<I: Io> Store<I> {
             metas.push((n.clone(), meta_off..*len - ALIGN as u64));
             parsed.push((page, meta_off));
         }
-        let got = tier.get_sync(&metas, Some(RESTORE_FETCH_LIMIT));
+        let got = tier.get_sync(&metas, deadline);
         for ((((n, len), meta), (page, meta_off)), _) in
             missing.iter().zip(got).zip(parsed).zip(&metas)
         {
