@@ -476,6 +476,8 @@ impl Gathered {
                             "local_block_reads": t.local_block_reads,
                             "remote_block_reads": t.remote_block_reads,
                             "evictions": t.evictions,
+                            "writebacks": t.writebacks,
+                            "refetched": t.refetched,
                             "uploads_failed": t.uploads_failed,
                             "deletes_failed": t.deletes_failed,
                             "last_error": t.last_error,
@@ -651,6 +653,18 @@ impl Gathered {
             "remote_evictions",
             "Segment files evicted from the local disk",
             tsum(|t| t.evictions),
+        )?;
+        counter(
+            e,
+            "remote_writebacks",
+            "Fetched spans written back into local files (the local cache refilling)",
+            tsum(|t| t.writebacks),
+        )?;
+        counter(
+            e,
+            "remote_refetched",
+            "Local blocks that failed their checksum and were read from the remote instead",
+            tsum(|t| t.refetched),
         )?;
         gauge(
             e,

@@ -27,10 +27,68 @@ pub struct Segment {
     /// For a segment referenced by a restore: the records that belong to
     /// the restored state (the rest are invisible). `None`: all of them.
     pub clip: Option<crate::manifest::Clip>,
-    /// The data region is only on the remote tier (evicted from the local
-    /// disk, or never fetched): block reads go there. Shared by every
-    /// layer of the same file.
-    pub remote: Rc<std::cell::Cell<bool>>,
+    /// Where the data region's bytes are (the remote tier): shared by
+    /// every layer of the same file.
+    pub residency: Rc<Residency>,
+}
+
+/// Where a segment's data is, with a remote tier: local (the default), or
+/// remote (evicted from the local disk, or never fetched) except for the
+/// 4 KiB pages fetched since and written back to the local file.
+#[derive(Debug, Default)]
+pub struct Residency {
+    remote: std::cell::Cell<bool>,
+    /// Pages cached locally while remote (bit per page of the data region).
+    local: std::cell::RefCell<Vec<u64>>,
+}
+
+impl Residency {
+    const PAGE: u64 = ALIGN as u64;
+
+    pub fn is_remote(&self) -> bool {
+        self.remote.get()
+    }
+
+    /// Whether bytes `off..off+len` must be read from the remote tier.
+    #[inline]
+    pub fn needs_remote(&self, off: u64, len: usize) -> bool {
+        if !self.remote.get() {
+            return false;
+        }
+        let bits = self.local.borrow();
+        let (first, last) = (off / Self::PAGE, (off + len as u64).div_ceil(Self::PAGE));
+        (first..last).any(|p| {
+            bits.get((p / 64) as usize)
+                .is_none_or(|w| w & (1 << (p % 64)) == 0)
+        })
+    }
+
+    /// The data is remote; no page is cached.
+    pub fn set_remote(&self) {
+        self.remote.set(true);
+        self.local.borrow_mut().clear();
+    }
+
+    /// Bytes `off..off+len` were written back to the local file.
+    pub fn mark_local(&self, off: u64, len: usize) {
+        let mut bits = self.local.borrow_mut();
+        for p in off / Self::PAGE..(off + len as u64).div_ceil(Self::PAGE) {
+            let w = (p / 64) as usize;
+            if bits.len() <= w {
+                bits.resize(w + 1, 0);
+            }
+            bits[w] |= 1 << (p % 64);
+        }
+    }
+
+    /// Pages cached locally while remote.
+    pub fn cached_pages(&self) -> u64 {
+        self.local
+            .borrow()
+            .iter()
+            .map(|w| w.count_ones() as u64)
+            .sum()
+    }
 }
 
 impl Segment {
@@ -70,7 +128,7 @@ impl Segment {
             filter: self.filter.clone(),
             file_len: self.file_len,
             clip: None,
-            remote: self.remote.clone(),
+            residency: self.residency.clone(),
         }
     }
 
@@ -141,7 +199,7 @@ impl Segment {
             filter: Rc::new(filter),
             file_len,
             clip: None,
-            remote: Rc::default(),
+            residency: Rc::default(),
         })
     }
 }
@@ -482,7 +540,7 @@ impl SegmentWriter {
             filter: Rc::new(self.filter.take().expect("finish() built the filter")),
             file_len: self.offset,
             clip: None,
-            remote: Rc::default(),
+            residency: Rc::default(),
         }
     }
 }

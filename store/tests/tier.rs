@@ -51,8 +51,19 @@ fn open(
     prefix: &str,
     budget: Option<u64>,
 ) -> Result<Store<UringIo>, StoreError> {
+    open_with(dir, target, prefix, budget, None)
+}
+
+fn open_with(
+    dir: &Path,
+    target: &Target,
+    prefix: &str,
+    budget: Option<u64>,
+    block_cache: Option<usize>,
+) -> Result<Store<UringIo>, StoreError> {
     let mut cfg = StoreConfig::new(dir, 16 << 20);
     cfg.memtable_bytes = Some(1 << 20);
+    cfg.block_cache_max = block_cache;
     cfg.retained_checkpoints = 1;
     let mut t = TierConfig::new(budget);
     t.evict_interval = Duration::ZERO;
@@ -454,4 +465,69 @@ fn server_stopped_fails_only_what_needs_it() {
         );
     }
     drop(server);
+}
+
+/// The local disk refills with what is read remotely: after a restore on
+/// an empty disk, the blocks one pass fetched are written back, and the
+/// next pass reads them locally (the memory cache kept too small to hold
+/// them).
+#[test]
+fn fetched_blocks_are_written_back_and_read_locally() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = Target::Local {
+        dir: tmp.path().join("remote"),
+    };
+    let mut s = open(&tmp.path().join("a"), &target, "w", None).unwrap();
+    put_all(&mut s, 4);
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    drop(s);
+    let b = tmp.path().join("b");
+    let mut s = open_with(&b, &target, "w", None, Some(64 << 10)).unwrap();
+    s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
+    let before = disk_bytes(&b.join("fetched"));
+    check_all(&mut s, 4, 0, KGS - 1);
+    settle_fully(&mut s);
+    let first = s.stats().remote.unwrap();
+    assert!(first.remote_block_reads > 0, "{first:?}");
+    assert!(first.writebacks > 0, "{first:?}");
+    assert!(first.last_error.is_none(), "{first:?}");
+    assert!(disk_bytes(&b.join("fetched")) > before + (1 << 20));
+    check_all(&mut s, 4, 0, KGS - 1);
+    let second = s.stats().remote.unwrap();
+    assert_eq!(
+        second.remote_block_reads, first.remote_block_reads,
+        "the second pass read everything locally: {second:?}"
+    );
+    assert!(second.local_block_reads > first.local_block_reads);
+}
+
+/// A local block of a segment durable remotely that fails its checksum is
+/// read from the remote instead: the get succeeds, nothing is lost.
+#[test]
+fn a_corrupt_local_block_is_read_from_the_remote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = Target::Local {
+        dir: tmp.path().join("remote"),
+    };
+    let dir = tmp.path().join("a");
+    let mut s = open(&dir, &target, "c", None).unwrap();
+    put_all(&mut s, 5);
+    checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    drop(s);
+    // Flip a byte in the first data block of every segment file.
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".sst") {
+            let mut b = std::fs::read(e.path()).unwrap();
+            b[100] ^= 0x5a;
+            std::fs::write(e.path(), &b).unwrap();
+        }
+    }
+    let mut s = open(&dir, &target, "c", None).unwrap();
+    check_all(&mut s, 5, 0, KGS - 1);
+    let st = s.stats().remote.unwrap();
+    assert!(st.refetched > 0, "{st:?}");
 }

@@ -31,6 +31,9 @@ pub enum OpenMode {
     Read,
     /// Create (fail if it exists), read and write.
     CreateNew,
+    /// An existing file, read and write (the remote tier writes fetched
+    /// blocks back into a segment's file).
+    ReadWrite,
 }
 
 /// A finished operation.
@@ -110,8 +113,14 @@ pub(crate) fn open_file(
     use std::os::unix::fs::OpenOptionsExt;
     let mut o = std::fs::OpenOptions::new();
     o.read(true);
-    if mode == OpenMode::CreateNew {
-        o.write(true).create_new(true);
+    match mode {
+        OpenMode::CreateNew => {
+            o.write(true).create_new(true);
+        }
+        OpenMode::ReadWrite => {
+            o.write(true);
+        }
+        OpenMode::Read => {}
     }
     if direct {
         let mut od = o.clone();

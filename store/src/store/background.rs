@@ -83,6 +83,7 @@ impl<I: Io> Store<I> {
             t.send();
             t.reap(&mut cs);
         }
+        self.issue_writebacks();
         for c in cs.drain(..) {
             let t = c.token >> TAG_SHIFT;
             let v = c.token & ((1 << TAG_SHIFT) - 1);
@@ -111,6 +112,7 @@ impl<I: Io> Store<I> {
                     self.checkpoint_io_done(t, v as usize, c.result)
                 }
                 TAG_EXPORT_READ => self.export_read_done(v, c),
+                tier::TAG_CACHE_WRITE => self.writeback_done(v as usize, c.result),
                 TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c),
                 TAG_DIR_SYNC => {
                     self.dir_sync_in_flight = false;

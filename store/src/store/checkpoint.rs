@@ -669,6 +669,9 @@ impl<I: Io> Store<I> {
             if let Some(t) = self.tier.as_mut() {
                 let _ = std::fs::remove_file(self.cfg.dir.join(tier::FETCHED_DIR).join(name));
                 t.delete(name);
+                if let Some(f) = t.wfds.remove(name) {
+                    self.io.close(f);
+                }
             }
         }
     }

@@ -812,7 +812,10 @@ impl<I: Io> Store<I> {
             || (self.full_compaction_requested && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
             || self.imports.iter().any(|(_, i)| i.in_flight())
-            || self.tier.as_ref().is_some_and(|t| t.outstanding() > 0)
+            || self
+                .tier
+                .as_ref()
+                .is_some_and(|t| t.outstanding() > 0 || !t.wb.is_empty())
     }
 
     /// Requests a major compaction: once the running background work is

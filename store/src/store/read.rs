@@ -412,6 +412,28 @@ impl<I: Io> Store<I> {
             )),
             (Err(errno), _) => Err(crate::io::read_error(c.remote_error, &f.seg.path, errno)),
         };
+        // A local block of a segment durable remotely that fails its
+        // checksum is read again from the remote (once).
+        if matches!(result, Err(StoreError::Corrupt { .. }))
+            && self.remote_copy_for(&f.seg, off, len)
+        {
+            let seg = f.seg.clone();
+            let fi = self.fetches.insert(f);
+            self.fetch_index
+                .insert((seg.id, self.fetches[fi].block), fi);
+            self.stats.block_reads += 1;
+            tier::Reads {
+                io: &mut self.io,
+                tier: self.tier.as_mut(),
+            }
+            .read(
+                &seg,
+                off,
+                AlignedBuf::zeroed(len as usize),
+                tag(TAG_FETCH, fi as u64),
+            );
+            return;
+        }
         match result {
             Ok(block) => {
                 self.cache.insert(f.seg.id, f.block, block.clone());

@@ -31,6 +31,7 @@ use bytes::Bytes;
 use super::*;
 use crate::manifest;
 use crate::remote::{Remote, RemoteDone, RemoteError, RemoteStats};
+use crate::segment::Residency;
 
 /// How the store uses its remote tier.
 #[derive(Clone, Debug, Default)]
@@ -67,6 +68,10 @@ pub struct TierStats {
     pub local_block_reads: u64,
     pub remote_block_reads: u64,
     pub evictions: u64,
+    /// Fetched spans written back into local files (the cache refilling).
+    pub writebacks: u64,
+    /// Local blocks that failed their checksum and were read remotely.
+    pub refetched: u64,
     pub uploads_failed: u64,
     pub deletes_failed: u64,
     /// The last remote failure (read, upload, delete, eviction).
@@ -80,6 +85,27 @@ const TAG_PUNCH: u64 = 22;
 const TAG_SYNC: u64 = 23;
 
 type Outcome = (u64, Result<RemoteDone, RemoteError>);
+
+/// I/O tag of a fetched block written back into its local file.
+pub(super) const TAG_CACHE_WRITE: u64 = 24;
+
+/// A read the remote serves.
+struct RemoteRead {
+    buf: AlignedBuf,
+    name: String,
+    path: PathBuf,
+    off: u64,
+    residency: Rc<Residency>,
+}
+
+/// Fetched bytes on their way back into the local file.
+pub(super) struct WriteBack {
+    pub name: String,
+    pub path: PathBuf,
+    pub off: u64,
+    pub buf: AlignedBuf,
+    pub residency: Rc<Residency>,
+}
 
 pub(super) struct Tier {
     pub remote: Remote,
@@ -95,9 +121,19 @@ pub(super) struct Tier {
     next_token: u64,
     /// Segment files whose data region is only remote.
     evicted: HashSet<String>,
-    /// This pass's remote reads, and the buffers they fill.
+    /// This pass's remote reads, and the reads in flight (their buffers).
     batch: Vec<(u64, String, Range<u64>)>,
-    bufs: HashMap<u64, AlignedBuf>,
+    bufs: HashMap<u64, RemoteRead>,
+    /// Fetched bytes to write back into their local files (the store
+    /// issues them), the writes in flight, and per file how many.
+    pub writebacks: Vec<WriteBack>,
+    pub wb: Slab<(String, Rc<Residency>, u64, usize)>,
+    wb_files: HashMap<String, u32>,
+    /// Files opened for writing back, by name.
+    pub wfds: HashMap<String, crate::io::FileId>,
+    /// Files whose data region is being punched (by token): nothing is
+    /// written back into them meanwhile.
+    punching: HashMap<u64, String>,
     /// LRU clock of reads, by file name.
     last_use: HashMap<String, u64>,
     tick: u64,
@@ -174,15 +210,25 @@ impl Tier {
     /// (sent with the pass's others by [`Tier::send`]).
     pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
         self.stats.remote_block_reads += 1;
+        let name = seg.name();
+        self.touch(&name);
         let end = off + buf.len() as u64;
-        self.batch.push((token, seg.name(), off..end));
-        self.bufs.insert(token, buf);
+        self.batch.push((token, name.clone(), off..end));
+        self.bufs.insert(
+            token,
+            RemoteRead {
+                buf,
+                name,
+                path: seg.path.clone(),
+                off,
+                residency: seg.residency.clone(),
+            },
+        );
     }
 
     /// Notes a read of `name` (for the LRU).
     pub fn touch(&mut self, name: &str) {
         self.tick += 1;
-        self.stats.local_block_reads += 1;
         if let Some(t) = self.last_use.get_mut(name) {
             *t = self.tick;
         } else {
@@ -280,6 +326,7 @@ impl Tier {
                 }
             }
             TAG_PUNCH => {
+                self.punching.remove(&t);
                 if let Err(e) = r {
                     self.stats.last_error = Some(e.to_string());
                 }
@@ -288,12 +335,34 @@ impl Tier {
             // (it waits for every one), so nothing to do.
             TAG_SYNC => {}
             _ => {
-                let Some(mut buf) = self.bufs.remove(&t) else {
+                let Some(RemoteRead {
+                    mut buf,
+                    name,
+                    path,
+                    off,
+                    residency,
+                }) = self.bufs.remove(&t)
+                else {
                     return;
                 };
                 let (result, remote_error) = match r {
                     Ok(RemoteDone::Bytes(b)) if b.len() == buf.len() => {
                         buf.copy_from_slice(&b);
+                        // The local disk keeps what was read (unless the
+                        // file is being punched, or was deleted).
+                        if !self.punching.values().any(|n| *n == name)
+                            && self.uploaded.contains(&name)
+                        {
+                            let mut copy = AlignedBuf::with_capacity(b.len());
+                            copy.extend_from_slice(&b);
+                            self.writebacks.push(WriteBack {
+                                name,
+                                path,
+                                off,
+                                buf: copy,
+                                residency,
+                            });
+                        }
                         (Ok(b.len()), None)
                     }
                     Ok(_) => (Err(libc::EIO), None),
@@ -435,6 +504,11 @@ pub(super) fn prepare(
         evicted: HashSet::new(),
         batch: Vec::new(),
         bufs: HashMap::new(),
+        writebacks: Vec::new(),
+        wb: Slab::new(),
+        wb_files: HashMap::new(),
+        wfds: HashMap::new(),
+        punching: HashMap::new(),
         last_use: HashMap::new(),
         tick: 0,
         next_evict: Instant::now(),
@@ -587,9 +661,9 @@ impl<I: Io> Store<I> {
         };
         let name = seg.name();
         if tier.evicted.contains(&name) {
-            seg.remote.set(true);
+            seg.residency.set_remote();
         } else if tier.uploaded.contains(&name) && has_hole(&seg.path, data_end(&seg.footer)) {
-            seg.remote.set(true);
+            seg.residency.set_remote();
             tier.evicted.insert(name);
         }
     }
@@ -657,8 +731,9 @@ impl<I: Io> Store<I> {
             .map_err(|e| StoreError::io(&fetched, "fsync directory", &e))
     }
 
-    /// Keeps the local segment files under the cache budget: the least
-    /// recently read ones that are durable remotely lose their data region.
+    /// Keeps the local segment files (own and fetched) under the cache
+    /// budget: the least recently read ones that are durable remotely lose
+    /// their data region (and the pages written back since).
     pub(super) fn maybe_evict(&mut self) {
         let Some(tier) = self.tier.as_mut() else {
             return;
@@ -668,26 +743,28 @@ impl<I: Io> Store<I> {
         }
         let budget = tier.cfg.local_cache_bytes.unwrap_or(u64::MAX);
         use std::os::unix::fs::MetadataExt;
-        let Ok(rd) = std::fs::read_dir(&self.cfg.dir) else {
-            return;
-        };
-        let mut files: Vec<(String, u64)> = Vec::new();
+        let mut files: Vec<(String, PathBuf, u64)> = Vec::new();
         let mut used = 0u64;
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            if !is_layer(&name) {
+        for d in [self.cfg.dir.clone(), self.cfg.dir.join(FETCHED_DIR)] {
+            let Ok(rd) = std::fs::read_dir(&d) else {
                 continue;
+            };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if !is_layer(&name) {
+                    continue;
+                }
+                let Ok(m) = e.metadata() else { continue };
+                let bytes = m.blocks() * 512;
+                used += bytes;
+                files.push((name, e.path(), bytes));
             }
-            let Ok(m) = e.metadata() else { continue };
-            let bytes = m.blocks() * 512;
-            used += bytes;
-            files.push((name, bytes));
         }
         tier.stats.local_cache_bytes = used;
         if used <= budget {
             return;
         }
-        // Reads in flight on a file keep it whole until they finish.
+        // Reads and write-backs in flight keep a file whole until they end.
         let busy: HashSet<&Path> = self
             .fetches
             .iter()
@@ -699,36 +776,46 @@ impl<I: Io> Store<I> {
             )
             .chain(self.exports.iter().flat_map(|(_, e)| e.paths()))
             .collect();
-        let tier = self.tier.as_mut().expect("checked");
-        let mut candidates: Vec<(u64, String, u64)> = files
+        let open = |p: &Path| {
+            self.segments
+                .iter()
+                .chain(&self.retired)
+                .chain(&self.awaiting_dir_sync)
+                .find(|s| s.path == p)
+                .cloned()
+        };
+        let tier = self.tier.as_ref().expect("checked");
+        let mut candidates: Vec<(u64, String, PathBuf, u64)> = files
             .into_iter()
-            .filter(|(n, _)| {
+            .filter(|(n, p, _)| {
+                let cached = || open(p).is_some_and(|s| s.residency.cached_pages() > 0);
                 tier.uploaded.contains(n)
-                    && !tier.evicted.contains(n)
-                    && !busy.contains(self.cfg.dir.join(n).as_path())
+                    && !busy.contains(p.as_path())
+                    && !tier.wb_files.contains_key(n)
+                    && !tier.punching.values().any(|x| x == n)
+                    && (!tier.evicted.contains(n) || cached())
             })
-            .map(|(n, b)| (tier.last_use.get(&n).copied().unwrap_or(0), n, b))
+            .map(|(n, p, b)| (tier.last_use.get(&n).copied().unwrap_or(0), n, p, b))
             .collect();
         candidates.sort();
         let target = budget / 10 * 9;
         let mut victims = Vec::new();
-        for (_, name, bytes) in candidates {
+        for (_, name, path, bytes) in candidates {
             if used <= target {
                 break;
             }
             used = used.saturating_sub(bytes);
-            victims.push(name);
+            victims.push((name, path));
         }
-        for name in victims {
-            self.evict(&name);
+        for (name, path) in victims {
+            self.evict(&name, path);
         }
     }
 
     /// Makes `name`'s data remote only: reads go to the remote from now on,
     /// and its data region is punched out of the local file off the shard
     /// thread.
-    fn evict(&mut self, name: &str) {
-        let path = self.cfg.dir.join(name);
+    fn evict(&mut self, name: &str, path: PathBuf) {
         let open = self
             .segments
             .iter()
@@ -737,7 +824,7 @@ impl<I: Io> Store<I> {
             .filter(|s| s.path == path);
         let mut end = None;
         for s in open {
-            s.remote.set(true);
+            s.residency.set_remote();
             end = Some(data_end(&s.footer));
         }
         let end = match end {
@@ -752,6 +839,7 @@ impl<I: Io> Store<I> {
         tier.evicted.insert(name.to_string());
         tier.stats.evictions += 1;
         let t = tier.token(TAG_PUNCH);
+        tier.punching.insert(t, name.to_string());
         tier.remote
             .local_task(t, path.display().to_string(), move || {
                 let f = std::fs::OpenOptions::new().write(true).open(&path)?;
@@ -764,6 +852,74 @@ impl<I: Io> Store<I> {
                 )
                 .map_err(std::io::Error::from)
             });
+    }
+
+    /// Whether block `off..off+len` of `seg`, read locally and found
+    /// corrupt, can be read from the remote instead: the segment is durable
+    /// there. Its data is then treated as remote from now on.
+    pub(super) fn remote_copy_for(&mut self, seg: &Segment, off: u64, len: u32) -> bool {
+        let Some(tier) = self.tier.as_mut() else {
+            return false;
+        };
+        let name = seg.name();
+        if seg.residency.needs_remote(off, len as usize) || !tier.uploaded.contains(&name) {
+            return false;
+        }
+        seg.residency.set_remote();
+        tier.evicted.insert(name);
+        tier.stats.refetched += 1;
+        true
+    }
+
+    /// Writes this pass's fetched blocks back into their local files.
+    pub(super) fn issue_writebacks(&mut self) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        for w in std::mem::take(&mut tier.writebacks) {
+            let f = match tier.wfds.get(&w.name) {
+                Some(&f) => f,
+                None => match self.io.open(&w.path, OpenMode::ReadWrite) {
+                    Ok(f) => *tier.wfds.entry(w.name.clone()).or_insert(f),
+                    // Not cached, still served: the next read fetches again.
+                    Err(_) => continue,
+                },
+            };
+            let len = w.buf.len();
+            *tier.wb_files.entry(w.name.clone()).or_default() += 1;
+            let k = tier.wb.insert((w.name, w.residency, w.off, len));
+            self.io
+                .write(f, w.off, w.buf, tag(TAG_CACHE_WRITE, k as u64));
+        }
+    }
+
+    /// A write-back finished: its pages are local from now on.
+    pub(super) fn writeback_done(&mut self, k: usize, r: Result<usize, i32>) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        let Some((name, residency, off, len)) = tier.wb.try_remove(k) else {
+            return;
+        };
+        if let Some(n) = tier.wb_files.get_mut(&name) {
+            *n -= 1;
+            if *n == 0 {
+                tier.wb_files.remove(&name);
+            }
+        }
+        match r {
+            Ok(n) if n == len && residency.is_remote() => {
+                residency.mark_local(off, len);
+                tier.stats.writebacks += 1;
+            }
+            Ok(_) => {}
+            Err(errno) => {
+                tier.stats.last_error = Some(format!(
+                    "writing a fetched block back into {name}: {}",
+                    std::io::Error::from_raw_os_error(errno)
+                ));
+            }
+        }
     }
 
     /// The remote tier's counters, if there is one.
@@ -799,8 +955,9 @@ pub(super) struct Reads<'a, I: Io> {
 impl<I: Io> Reads<'_, I> {
     pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
         match self.tier.as_deref_mut() {
-            Some(t) if seg.remote.get() => t.read(seg, off, buf, token),
+            Some(t) if seg.residency.needs_remote(off, buf.len()) => t.read(seg, off, buf, token),
             Some(t) => {
+                t.stats.local_block_reads += 1;
                 t.touch(&seg.name());
                 self.io.read(seg.file, off, buf, token);
             }
