@@ -54,6 +54,10 @@ pub struct RemoteArgs {
     /// Where the SVG goes.
     #[arg(long, default_value = "benches/results")]
     plot_dir: PathBuf,
+    /// Keys of the tiered store cases (100-byte values; default 2 M, 400 K
+    /// with --quick); 0 skips them.
+    #[arg(long)]
+    store_keys: Option<u64>,
 }
 
 pub fn run(a: RemoteArgs) {
@@ -121,6 +125,15 @@ pub fn run(a: RemoteArgs) {
         }
         all.push((ms, sweep));
     }
+    let keys = a
+        .store_keys
+        .unwrap_or(if a.quick { 400_000 } else { 2_000_000 });
+    if keys > 0 {
+        let lat = Duration::from_secs_f64(latencies[0] / 1000.0);
+        for c in through_store(&rt, mem.clone(), lat, keys, &a.depths, secs, a.threads) {
+            r.case(&c);
+        }
+    }
     match plot(&a.plot_dir, &all) {
         Ok(()) if !a.json => println!(
             "# plot: {}",
@@ -129,6 +142,135 @@ pub fn run(a: RemoteArgs) {
         Ok(()) => {}
         Err(e) => eprintln!("# no plot: {e}"),
     }
+}
+
+/// The same random reads through a tiered store (`Store::open_tiered`):
+/// a store's checkpoint uploaded to the throttled in-memory object store,
+/// restored on an empty directory with a 1 MiB block cache and a 4 MiB
+/// local disk cache, then random gets of its keys at each depth: every get
+/// that misses the caches is a ranged GET (coalesced per pass) whose bytes
+/// are written back, evicted again under the budget. Little's law beside.
+fn through_store(
+    rt: &RemoteRuntime,
+    mem: Arc<InMemory>,
+    lat: Duration,
+    keys: u64,
+    depths: &[usize],
+    secs: f64,
+    threads: usize,
+) -> Vec<Case> {
+    use stator_store::io::UringIo;
+    use stator_store::{CheckpointSpec, Op, RestoreSpec, Store, StoreConfig, TierConfig};
+
+    use crate::store::{bench_dir, skey, stator_depth, value};
+    let throttled: Arc<dyn object_store::ObjectStore> = Arc::new(ThrottledStore::new(
+        mem,
+        ThrottleConfig {
+            wait_get_per_call: lat,
+            ..Default::default()
+        },
+    ));
+    let remote = || {
+        let mut cfg = RemoteConfig::new(Target::Local {
+            dir: PathBuf::from("/nonexistent"),
+        });
+        cfg.prefix = format!("tiered-{}", lat.as_micros());
+        cfg.max_in_flight = 1 << 17;
+        cfg.timeout = Duration::from_secs(30);
+        Remote::new(throttled.clone(), cfg, rt.handle()).expect("client")
+    };
+    let dirs = bench_dir(None, "remote-store");
+    let states: Vec<u32> = vec![1];
+    let (lo, hi) = (0u16, (crate::store::MAX_PARALLELISM - 1) as u16);
+    // The source: loaded, checkpointed (uploaded), dropped.
+    let handle = {
+        let mut cfg = StoreConfig::new(dirs.path().join("src"), 512 << 20);
+        cfg.memtable_bytes = Some(64 << 20);
+        let (mut s, _) = Store::open_tiered(
+            cfg,
+            UringIo::new(256, true).expect("io_uring"),
+            remote(),
+            TierConfig::new(None),
+        )
+        .expect("open the source store");
+        let values: Vec<Vec<u8>> = (0..256).map(|i| value(i, 100)).collect();
+        let mut kb = [0u8; 8];
+        for i in 0..keys {
+            s.submit(0, Op::Put(skey(i, &mut kb), &values[(i % 256) as usize]))
+                .expect("put");
+        }
+        s.flush();
+        s.settle();
+        s.checkpoint(
+            7,
+            CheckpointSpec {
+                owner: b"bench".to_vec(),
+                checkpoint_id: 1,
+                lo,
+                hi,
+                states: states.clone(),
+                meta: Vec::new(),
+            },
+        )
+        .expect("checkpoint");
+        let mut handle = None;
+        while handle.is_none() {
+            s.poll(|_, r| match r.expect("the checkpoint") {
+                stator_store::Output::Value(Some(h)) => handle = Some(h.to_vec()),
+                o => panic!("{o:?}"),
+            });
+            let _ = s.wait(Some(Duration::from_millis(5)));
+        }
+        handle.expect("a handle")
+    };
+    // The reader: an empty directory, caches far smaller than the state.
+    let mut cfg = StoreConfig::new(dirs.path().join("dst"), 256 << 20);
+    cfg.block_cache_max = Some(1 << 20);
+    let (mut s, _) = Store::open_tiered(
+        cfg,
+        UringIo::new(1024, true).expect("io_uring"),
+        remote(),
+        TierConfig::new(Some(4 << 20)),
+    )
+    .expect("open the reader");
+    s.restore(
+        RestoreSpec {
+            owner: b"bench",
+            lo,
+            hi,
+            states: &states,
+        },
+        &[&handle],
+    )
+    .expect("restore on an empty directory");
+    let mut out = Vec::new();
+    for &depth in depths {
+        let run = format!("{}", lat.as_micros());
+        let st0 = s.stats().remote.expect("tiered");
+        let c = stator_depth(&mut s, keys, depth, Duration::from_secs_f64(secs), &run);
+        let st = s.stats().remote.expect("tiered");
+        let little = depth as f64 / lat.as_secs_f64();
+        let remote_per_get = (st.remote_block_reads - st0.remote_block_reads) as f64
+            / (c.ops_per_sec * secs).max(1.0);
+        let ratio = c.ops_per_sec / little;
+        out.push(
+            c.named(
+                SUITE,
+                format!("store_get_{}ms_inflight{depth}", lat.as_secs_f64() * 1e3),
+            )
+            .with("in_flight", depth as u64)
+            .with("latency_ms", lat.as_secs_f64() * 1e3)
+            .with("keys", keys)
+            .with("runtime_threads", threads as u64)
+            .with(
+                "remote_reads_per_get",
+                (remote_per_get * 1000.0).round() / 1000.0,
+            )
+            .with("littles_law_ops_per_sec", little.round())
+            .with("of_littles_law", (ratio * 1000.0).round() / 1000.0),
+        );
+    }
+    out
 }
 
 fn name(o: u64) -> String {

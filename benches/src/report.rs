@@ -28,6 +28,13 @@ impl Case {
         }
     }
 
+    /// The same figures under another suite and name.
+    pub fn named(mut self, suite: &'static str, case: impl Into<String>) -> Case {
+        self.suite = suite;
+        self.case = case.into();
+        self
+    }
+
     pub fn latency(mut self, h: Histogram<u64>) -> Case {
         self.latency_ns = Some(h);
         self

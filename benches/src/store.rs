@@ -18,7 +18,7 @@ use stator_store::{KeyRef, Op, Output, Store, StoreConfig, Submitted};
 use crate::report::{Bound, Case, Reporter, histogram};
 
 const SUITE: &str = "store";
-const MAX_PARALLELISM: u64 = 128;
+pub(crate) const MAX_PARALLELISM: u64 = 128;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct StoreArgs {
@@ -572,10 +572,12 @@ fn larger_than_memory(args: &StoreArgs, r: &mut Reporter, n: u64, budget: usize,
     // Stator again; the ratio takes the mean of the two Stator runs.
     let mut stator_d32 = 0.0;
     for depth in [1usize, 32, 256] {
-        let a = stator_depth(&mut s, n, depth, Duration::from_secs(secs), "a");
+        let a = stator_depth(&mut s, n, depth, Duration::from_secs(secs), "a")
+            .named(SUITE, format!("big_get_depth{depth}_stator_a"));
         r.case(&a);
         let f = fio(r, &path, depth, secs.min(10));
-        let b = stator_depth(&mut s, n, depth, Duration::from_secs(secs), "b");
+        let b = stator_depth(&mut s, n, depth, Duration::from_secs(secs), "b")
+            .named(SUITE, format!("big_get_depth{depth}_stator_b"));
         r.case(&b);
         let mean = (a.ops_per_sec + b.ops_per_sec) / 2.0;
         if depth == 32 {
@@ -629,7 +631,15 @@ fn larger_than_memory(args: &StoreArgs, r: &mut Reporter, n: u64, budget: usize,
 }
 
 /// Uniform random gets with `depth` in flight for `dur`.
-fn stator_depth(s: &mut Store<UringIo>, n: u64, depth: usize, dur: Duration, run: &str) -> Case {
+/// Random gets of keys `0..n` (loaded with `skey`) kept `depth` in flight
+/// for `dur`; a case to be named by the caller.
+pub(crate) fn stator_depth(
+    s: &mut Store<UringIo>,
+    n: u64,
+    depth: usize,
+    dur: Duration,
+    run: &str,
+) -> Case {
     // A different seed per run: a repeated sequence would hit the cache.
     let mut rng = Rng(99 + depth as u64 + run.bytes().map(|b| b as u64 * 1000).sum::<u64>());
     let mut h = histogram();
@@ -687,19 +697,14 @@ fn stator_depth(s: &mut Store<UringIo>, n: u64, depth: usize, dur: Duration, run
     let (hits, misses) = (st.cache_hits - hits_before, st.cache_misses - misses_before);
     let hit = hits as f64 / (hits + misses).max(1) as f64;
     let reads_per_get = (st.block_reads - reads_before) as f64 / done.max(1) as f64;
-    Case::new(
-        SUITE,
-        format!("big_get_depth{depth}_stator_{run}"),
-        done,
-        t.elapsed(),
-    )
-    .latency(h)
-    .with("in_flight", depth)
-    .with("cache_hit_ratio", (hit * 1000.0).round() / 1000.0)
-    .with(
-        "block_reads_per_get",
-        (reads_per_get * 1000.0).round() / 1000.0,
-    )
+    Case::new(SUITE, String::new(), done, t.elapsed())
+        .latency(h)
+        .with("in_flight", depth)
+        .with("cache_hit_ratio", (hit * 1000.0).round() / 1000.0)
+        .with(
+            "block_reads_per_get",
+            (reads_per_get * 1000.0).round() / 1000.0,
+        )
 }
 
 /// fio reads the store's largest segment file (read-only, 4 KiB random

@@ -38,6 +38,10 @@ pub struct Segment {
 #[derive(Debug, Default)]
 pub struct Residency {
     remote: std::cell::Cell<bool>,
+    /// Counts evictions: a write-back issued before one marks nothing.
+    epoch: std::cell::Cell<u64>,
+    /// The store's read clock at the last block read (eviction's LRU).
+    last_use: std::cell::Cell<u64>,
     /// Pages cached locally while remote (bit per page of the data region).
     local: std::cell::RefCell<Vec<u64>>,
 }
@@ -66,7 +70,24 @@ impl Residency {
     /// The data is remote; no page is cached.
     pub fn set_remote(&self) {
         self.remote.set(true);
+        self.epoch.set(self.epoch.get() + 1);
         self.local.borrow_mut().clear();
+    }
+
+    /// Notes a block read at `tick` of the store's read clock.
+    #[inline]
+    pub fn touch(&self, tick: u64) {
+        self.last_use.set(tick);
+    }
+
+    /// When a block was last read (0: never since open).
+    pub fn last_use(&self) -> u64 {
+        self.last_use.get()
+    }
+
+    /// Changes with every [`Residency::set_remote`].
+    pub fn epoch(&self) -> u64 {
+        self.epoch.get()
     }
 
     /// Bytes `off..off+len` were written back to the local file.

@@ -496,9 +496,11 @@ fn fetched_blocks_are_written_back_and_read_locally() {
     assert!(disk_bytes(&b.join("fetched")) > before + (1 << 20));
     check_all(&mut s, 4, 0, KGS - 1);
     let second = s.stats().remote.unwrap();
-    assert_eq!(
-        second.remote_block_reads, first.remote_block_reads,
-        "the second pass read everything locally: {second:?}"
+    // What was written back is read locally (at most 512 write-backs are
+    // in flight; the rest stayed remote only).
+    assert!(
+        second.remote_block_reads - first.remote_block_reads <= first.writebacks_skipped,
+        "the second pass read locally what was written back: {first:?} {second:?}"
     );
     assert!(second.local_block_reads > first.local_block_reads);
 }

@@ -233,6 +233,9 @@ struct Fetch {
     block: u32,
     reads: Vec<usize>,
     iters: Vec<usize>,
+    /// Served by the local disk (with a remote tier, a local block that
+    /// fails its checksum is read from the remote instead).
+    local: bool,
 }
 
 /// A finished read waiting to be delivered by `poll`.

@@ -376,21 +376,28 @@ impl<I: Io> Store<I> {
             f.iters.extend(iter);
             return;
         }
-        let (off, len) = seg.index.block(block as usize);
         let fi = self.fetches.insert(Fetch {
             seg: seg.clone(),
             block,
             reads: read.into_iter().collect(),
             iters: iter.into_iter().collect(),
+            local: true,
         });
         self.fetch_index.insert((seg.id, block), fi);
+        self.issue_fetch(fi);
+    }
+
+    /// Reads fetch `fi`'s block, from the local disk or the remote tier.
+    fn issue_fetch(&mut self, fi: usize) {
+        let f = &mut self.fetches[fi];
+        let (off, len) = f.seg.index.block(f.block as usize);
         self.stats.block_reads += 1;
-        tier::Reads {
+        f.local = !tier::Reads {
             io: &mut self.io,
             tier: self.tier.as_mut(),
         }
         .read(
-            &seg,
+            &f.seg,
             off,
             AlignedBuf::zeroed(len as usize),
             tag(TAG_FETCH, fi as u64),
@@ -413,25 +420,16 @@ impl<I: Io> Store<I> {
             (Err(errno), _) => Err(crate::io::read_error(c.remote_error, &f.seg.path, errno)),
         };
         // A local block of a segment durable remotely that fails its
-        // checksum is read again from the remote (once).
+        // checksum is read again from the remote (once; also a read that
+        // raced an eviction's punch).
         if matches!(result, Err(StoreError::Corrupt { .. }))
-            && self.remote_copy_for(&f.seg, off, len)
+            && f.local
+            && self.remote_copy_for(&f.seg)
         {
-            let seg = f.seg.clone();
+            let key = (f.seg.id, f.block);
             let fi = self.fetches.insert(f);
-            self.fetch_index
-                .insert((seg.id, self.fetches[fi].block), fi);
-            self.stats.block_reads += 1;
-            tier::Reads {
-                io: &mut self.io,
-                tier: self.tier.as_mut(),
-            }
-            .read(
-                &seg,
-                off,
-                AlignedBuf::zeroed(len as usize),
-                tag(TAG_FETCH, fi as u64),
-            );
+            self.fetch_index.insert(key, fi);
+            self.issue_fetch(fi);
             return;
         }
         match result {

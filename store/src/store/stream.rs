@@ -107,7 +107,7 @@ impl Cursor {
                 }
                 _ => AlignedBuf::zeroed(len),
             };
-            reads.read(&self.seg, off, buf, token(first));
+            let _ = reads.read(&self.seg, off, buf, token(first));
         }
     }
 

@@ -72,6 +72,8 @@ pub struct TierStats {
     pub writebacks: u64,
     /// Local blocks that failed their checksum and were read remotely.
     pub refetched: u64,
+    /// Fetched spans not written back (too many writes in flight).
+    pub writebacks_skipped: u64,
     pub uploads_failed: u64,
     pub deletes_failed: u64,
     /// The last remote failure (read, upload, delete, eviction).
@@ -86,22 +88,24 @@ const TAG_SYNC: u64 = 23;
 
 type Outcome = (u64, Result<RemoteDone, RemoteError>);
 
+/// Write-backs in flight at most (a disk does a few tens of thousands of
+/// writes a second; remote reads can arrive faster).
+const MAX_WRITEBACKS: usize = 512;
+
 /// I/O tag of a fetched block written back into its local file.
 pub(super) const TAG_CACHE_WRITE: u64 = 24;
 
 /// A read the remote serves.
 struct RemoteRead {
     buf: AlignedBuf,
-    name: String,
-    path: PathBuf,
+    name: Rc<str>,
     off: u64,
     residency: Rc<Residency>,
 }
 
 /// Fetched bytes on their way back into the local file.
 pub(super) struct WriteBack {
-    pub name: String,
-    pub path: PathBuf,
+    pub name: Rc<str>,
     pub off: u64,
     pub buf: AlignedBuf,
     pub residency: Rc<Residency>,
@@ -122,20 +126,22 @@ pub(super) struct Tier {
     /// Segment files whose data region is only remote.
     evicted: HashSet<String>,
     /// This pass's remote reads, and the reads in flight (their buffers).
-    batch: Vec<(u64, String, Range<u64>)>,
+    batch: Vec<(u64, Rc<str>, Range<u64>)>,
     bufs: HashMap<u64, RemoteRead>,
     /// Fetched bytes to write back into their local files (the store
-    /// issues them), the writes in flight, and per file how many.
+    /// issues them), and the writes in flight (file, residency, offset,
+    /// length, the residency's epoch at the write).
     pub writebacks: Vec<WriteBack>,
-    pub wb: Slab<(String, Rc<Residency>, u64, usize)>,
-    wb_files: HashMap<String, u32>,
+    pub wb: Slab<(Rc<str>, Rc<Residency>, u64, usize, u64)>,
     /// Files opened for writing back, by name.
     pub wfds: HashMap<String, crate::io::FileId>,
+    /// Bytes admitted for write-back since the last eviction pass measured
+    /// the disk.
+    admitted: u64,
     /// Files whose data region is being punched (by token): nothing is
     /// written back into them meanwhile.
     punching: HashMap<u64, String>,
-    /// LRU clock of reads, by file name.
-    last_use: HashMap<String, u64>,
+    /// The read clock (each file's residency keeps its last tick).
     tick: u64,
     next_evict: Instant,
     /// An upload finished since the checkpoints last looked.
@@ -210,8 +216,8 @@ impl Tier {
     /// (sent with the pass's others by [`Tier::send`]).
     pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
         self.stats.remote_block_reads += 1;
-        let name = seg.name();
-        self.touch(&name);
+        let name: Rc<str> = seg.name().into();
+        self.touch(seg);
         let end = off + buf.len() as u64;
         self.batch.push((token, name.clone(), off..end));
         self.bufs.insert(
@@ -219,21 +225,17 @@ impl Tier {
             RemoteRead {
                 buf,
                 name,
-                path: seg.path.clone(),
                 off,
                 residency: seg.residency.clone(),
             },
         );
     }
 
-    /// Notes a read of `name` (for the LRU).
-    pub fn touch(&mut self, name: &str) {
+    /// Notes a read of `seg` (for the LRU).
+    #[inline]
+    pub fn touch(&mut self, seg: &Segment) {
         self.tick += 1;
-        if let Some(t) = self.last_use.get_mut(name) {
-            *t = self.tick;
-        } else {
-            self.last_use.insert(name.to_string(), self.tick);
-        }
+        seg.residency.touch(self.tick);
     }
 
     /// Sends this pass's remote reads (coalesced by the client).
@@ -244,7 +246,7 @@ impl Tier {
         let batch = std::mem::take(&mut self.batch);
         let refs: Vec<(u64, &str, Range<u64>)> = batch
             .iter()
-            .map(|(t, n, r)| (*t, n.as_str(), r.clone()))
+            .map(|(t, n, r)| (*t, &**n, r.clone()))
             .collect();
         self.remote.get_blocks(&refs);
     }
@@ -281,7 +283,6 @@ impl Tier {
             self.doomed.insert(name.to_string());
         }
         self.evicted.remove(name);
-        self.last_use.remove(name);
     }
 
     /// Takes every outcome: reads become completions in `out` (their
@@ -338,7 +339,6 @@ impl Tier {
                 let Some(RemoteRead {
                     mut buf,
                     name,
-                    path,
                     off,
                     residency,
                 }) = self.bufs.remove(&t)
@@ -348,16 +348,22 @@ impl Tier {
                 let (result, remote_error) = match r {
                     Ok(RemoteDone::Bytes(b)) if b.len() == buf.len() => {
                         buf.copy_from_slice(&b);
-                        // The local disk keeps what was read (unless the
-                        // file is being punched, or was deleted).
-                        if !self.punching.values().any(|n| *n == name)
-                            && self.uploaded.contains(&name)
+                        // The local disk keeps what was read while it has
+                        // room (a full cache admits again once eviction
+                        // made room: no churn of writes and punches), unless
+                        // the file is being punched or was deleted.
+                        let room = self.cfg.local_cache_bytes.is_none_or(|cap| {
+                            self.stats.local_cache_bytes + self.admitted + b.len() as u64 <= cap
+                        });
+                        if room
+                            && !self.punching.values().any(|n| **n == *name)
+                            && self.uploaded.contains(&*name)
                         {
+                            self.admitted += b.len() as u64;
                             let mut copy = AlignedBuf::with_capacity(b.len());
                             copy.extend_from_slice(&b);
                             self.writebacks.push(WriteBack {
                                 name,
-                                path,
                                 off,
                                 buf: copy,
                                 residency,
@@ -506,10 +512,9 @@ pub(super) fn prepare(
         bufs: HashMap::new(),
         writebacks: Vec::new(),
         wb: Slab::new(),
-        wb_files: HashMap::new(),
         wfds: HashMap::new(),
         punching: HashMap::new(),
-        last_use: HashMap::new(),
+        admitted: 0,
         tick: 0,
         next_evict: Instant::now(),
         progress: false,
@@ -761,19 +766,17 @@ impl<I: Io> Store<I> {
             }
         }
         tier.stats.local_cache_bytes = used;
+        tier.admitted = 0;
         if used <= budget {
             return;
         }
-        // Reads and write-backs in flight keep a file whole until they end.
+        // Compaction and export inputs stay whole while they are read (a
+        // get that races the punch finds a bad checksum and reads the
+        // remote instead; a write-back that races it marks nothing).
         let busy: HashSet<&Path> = self
-            .fetches
+            .compact
             .iter()
-            .map(|(_, f)| f.seg.path.as_path())
-            .chain(
-                self.compact
-                    .iter()
-                    .flat_map(|j| j.inputs.iter().map(|s| s.path.as_path())),
-            )
+            .flat_map(|j| j.inputs.iter().map(|s| s.path.as_path()))
             .chain(self.exports.iter().flat_map(|(_, e)| e.paths()))
             .collect();
         let open = |p: &Path| {
@@ -791,11 +794,13 @@ impl<I: Io> Store<I> {
                 let cached = || open(p).is_some_and(|s| s.residency.cached_pages() > 0);
                 tier.uploaded.contains(n)
                     && !busy.contains(p.as_path())
-                    && !tier.wb_files.contains_key(n)
                     && !tier.punching.values().any(|x| x == n)
                     && (!tier.evicted.contains(n) || cached())
             })
-            .map(|(n, p, b)| (tier.last_use.get(&n).copied().unwrap_or(0), n, p, b))
+            .map(|(n, p, b)| {
+                let used = open(&p).map_or(0, |s| s.residency.last_use());
+                (used, n, p, b)
+            })
             .collect();
         candidates.sort();
         let target = budget / 10 * 9;
@@ -857,16 +862,19 @@ impl<I: Io> Store<I> {
     /// Whether block `off..off+len` of `seg`, read locally and found
     /// corrupt, can be read from the remote instead: the segment is durable
     /// there. Its data is then treated as remote from now on.
-    pub(super) fn remote_copy_for(&mut self, seg: &Segment, off: u64, len: u32) -> bool {
+    pub(super) fn remote_copy_for(&mut self, seg: &Segment) -> bool {
         let Some(tier) = self.tier.as_mut() else {
             return false;
         };
         let name = seg.name();
-        if seg.residency.needs_remote(off, len as usize) || !tier.uploaded.contains(&name) {
+        if !tier.uploaded.contains(&name) {
             return false;
         }
-        seg.residency.set_remote();
-        tier.evicted.insert(name);
+        // A read that raced a punch finds the file remote already.
+        if !seg.residency.is_remote() {
+            seg.residency.set_remote();
+            tier.evicted.insert(name);
+        }
         tier.stats.refetched += 1;
         true
     }
@@ -877,17 +885,26 @@ impl<I: Io> Store<I> {
             return;
         };
         for w in std::mem::take(&mut tier.writebacks) {
-            let f = match tier.wfds.get(&w.name) {
+            // The disk, not the remote, would then set the pace: beyond
+            // this many writes in flight a block stays remote only.
+            if tier.wb.len() >= MAX_WRITEBACKS {
+                tier.stats.writebacks_skipped += 1;
+                continue;
+            }
+            let f = match tier.wfds.get(&*w.name) {
                 Some(&f) => f,
-                None => match self.io.open(&w.path, OpenMode::ReadWrite) {
-                    Ok(f) => *tier.wfds.entry(w.name.clone()).or_insert(f),
+                None => match self
+                    .io
+                    .open(&layer_path(&self.cfg.dir, &w.name), OpenMode::ReadWrite)
+                {
+                    Ok(f) => *tier.wfds.entry(w.name.to_string()).or_insert(f),
                     // Not cached, still served: the next read fetches again.
                     Err(_) => continue,
                 },
             };
             let len = w.buf.len();
-            *tier.wb_files.entry(w.name.clone()).or_default() += 1;
-            let k = tier.wb.insert((w.name, w.residency, w.off, len));
+            let epoch = w.residency.epoch();
+            let k = tier.wb.insert((w.name, w.residency, w.off, len, epoch));
             self.io
                 .write(f, w.off, w.buf, tag(TAG_CACHE_WRITE, k as u64));
         }
@@ -898,17 +915,12 @@ impl<I: Io> Store<I> {
         let Some(tier) = self.tier.as_mut() else {
             return;
         };
-        let Some((name, residency, off, len)) = tier.wb.try_remove(k) else {
+        let Some((name, residency, off, len, epoch)) = tier.wb.try_remove(k) else {
             return;
         };
-        if let Some(n) = tier.wb_files.get_mut(&name) {
-            *n -= 1;
-            if *n == 0 {
-                tier.wb_files.remove(&name);
-            }
-        }
         match r {
-            Ok(n) if n == len && residency.is_remote() => {
+            // Evicted meanwhile: the punch may have gone over it.
+            Ok(n) if n == len && residency.is_remote() && residency.epoch() == epoch => {
                 residency.mark_local(off, len);
                 tier.stats.writebacks += 1;
             }
@@ -953,15 +965,23 @@ pub(super) struct Reads<'a, I: Io> {
 }
 
 impl<I: Io> Reads<'_, I> {
-    pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
+    /// Issues the read; whether the remote tier serves it.
+    pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) -> bool {
         match self.tier.as_deref_mut() {
-            Some(t) if seg.residency.needs_remote(off, buf.len()) => t.read(seg, off, buf, token),
+            Some(t) if seg.residency.needs_remote(off, buf.len()) => {
+                t.read(seg, off, buf, token);
+                true
+            }
             Some(t) => {
                 t.stats.local_block_reads += 1;
-                t.touch(&seg.name());
+                t.touch(seg);
                 self.io.read(seg.file, off, buf, token);
+                false
             }
-            None => self.io.read(seg.file, off, buf, token),
+            None => {
+                self.io.read(seg.file, off, buf, token);
+                false
+            }
         }
     }
 }
