@@ -103,6 +103,10 @@ struct RemoteRead {
     residency: Rc<Residency>,
 }
 
+/// A write-back in flight: file, residency, offset, length, and the
+/// residency's epoch when it was issued.
+pub(super) type InFlightWrite = (Rc<str>, Rc<Residency>, u64, usize, u64);
+
 /// Fetched bytes on their way back into the local file.
 pub(super) struct WriteBack {
     pub name: Rc<str>,
@@ -132,7 +136,7 @@ pub(super) struct Tier {
     /// issues them), and the writes in flight (file, residency, offset,
     /// length, the residency's epoch at the write).
     pub writebacks: Vec<WriteBack>,
-    pub wb: Slab<(Rc<str>, Rc<Residency>, u64, usize, u64)>,
+    pub wb: Slab<InFlightWrite>,
     /// Files opened for writing back, by name.
     pub wfds: HashMap<String, crate::io::FileId>,
     /// Bytes admitted for write-back since the last eviction pass measured
