@@ -9,13 +9,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::s3::{Server, s3};
+use common::s3::{Server, s3, slow_proxy};
 
 use stator_store::remote::{
     Remote, RemoteConfig, RemoteDone, RemoteError, RemoteRuntime, Target, object_store,
@@ -224,43 +222,6 @@ fn a_stopped_server_fails_only_its_requests_and_a_restarted_one_serves_all() {
         other => panic!("after the restart: {other:?}"),
     }
     drop(server);
-}
-
-/// A TCP proxy that holds every chunk from the client for `delay` before
-/// passing it on (each request is late by at least that much).
-fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { continue };
-            let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            let pipe = |mut from: TcpStream, mut to: TcpStream, delay: Option<Duration>| {
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 << 10];
-                    loop {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if let Some(d) = delay {
-                                    std::thread::sleep(d);
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Write);
-                });
-            };
-            pipe(c.try_clone().unwrap(), u.try_clone().unwrap(), Some(delay));
-            pipe(u, c, None);
-        }
-    });
-    port
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::s3::{Server, s3};
+use common::s3::{Server, s3, slow_proxy};
 use common::{Owned, checkpoint, run, settle_fully};
 use stator_store::io::UringIo;
 use stator_store::remote::{Remote, RemoteConfig, RemoteDone, RemoteRuntime, Target, object_store};
@@ -532,4 +532,99 @@ fn a_corrupt_local_block_is_read_from_the_remote() {
     check_all(&mut s, 5, 0, KGS - 1);
     let st = s.stats().remote.unwrap();
     assert!(st.refetched > 0, "{st:?}");
+}
+
+/// A slow server (300 ms added to every request by a proxy): a restore on
+/// an empty disk and reads of remote-only data wait for it within their
+/// timeout, and nothing times out or retries.
+#[test]
+fn a_slow_server_is_waited_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let mut s = open(&tmp.path().join("a"), &s3(server.port), "slow", None).unwrap();
+    put_all(&mut s, 6);
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    drop(s);
+
+    let slow = slow_proxy(server.port, Duration::from_millis(300));
+    let mut cfg = RemoteConfig::new(s3(slow));
+    cfg.prefix = "slow".into();
+    cfg.retries = 0;
+    cfg.timeout = Duration::from_secs(3);
+    cfg.max_in_flight = 32;
+    let r = Remote::new(object_store(&cfg).unwrap(), cfg, rt().handle()).unwrap();
+    let stats = r.stats();
+    let mut scfg = StoreConfig::new(tmp.path().join("b"), 16 << 20);
+    scfg.memtable_bytes = Some(1 << 20);
+    let (mut s, _) = Store::open_tiered(
+        scfg,
+        UringIo::new(256, true).unwrap(),
+        r,
+        TierConfig::new(None),
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(600),
+        "two slow rounds"
+    );
+    check_all(&mut s, 6, 0, KGS - 1);
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(stats.retries.load(Relaxed), 0);
+    assert_eq!(stats.errors.load(Relaxed), 0);
+    assert!(s.stats().remote.unwrap().remote_block_reads > 0);
+}
+
+/// The same block corrupt locally and remotely: the gets that need it fail
+/// with a checksum error naming the segment (after one remote read, no
+/// loop), and every other get answers.
+#[test]
+fn a_block_corrupt_everywhere_fails_its_gets_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = Target::Local {
+        dir: tmp.path().join("remote"),
+    };
+    let dir = tmp.path().join("a");
+    let mut s = open(&dir, &target, "x", None).unwrap();
+    put_all(&mut s, 7);
+    checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    drop(s);
+    for d in [dir.clone(), tmp.path().join("remote").join("x")] {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_name().to_string_lossy().ends_with(".sst") {
+                let mut b = std::fs::read(e.path()).unwrap();
+                b[100] ^= 0x5a;
+                std::fs::write(e.path(), &b).unwrap();
+            }
+        }
+    }
+    let mut s = open(&dir, &target, "x", None).unwrap();
+    let (mut ok, mut corrupt) = (0, 0);
+    for i in 0..KEYS {
+        let (kg, k) = key(i);
+        match run(&mut s, Op::Get(kr(kg, &k))) {
+            Ok(o) => {
+                assert_eq!(o, Owned::Value(Some(value(i, 7))), "key {i}");
+                ok += 1;
+            }
+            Err(StoreError::Corrupt { path, .. }) => {
+                assert!(path.ends_with(".sst"), "{path}");
+                corrupt += 1;
+            }
+            Err(e) => panic!("key {i}: {e}"),
+        }
+    }
+    assert!(corrupt > 0 && ok > corrupt, "{ok} {corrupt}");
+    let st = s.stats().remote.unwrap();
+    assert!(
+        st.refetched > 0 && st.refetched <= corrupt as u64 + 4,
+        "{st:?}"
+    );
 }

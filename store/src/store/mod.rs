@@ -234,8 +234,9 @@ struct Fetch {
     reads: Vec<usize>,
     iters: Vec<usize>,
     /// Served by the local disk (with a remote tier, a local block that
-    /// fails its checksum is read from the remote instead).
+    /// fails its checksum is read from the remote instead, once).
     local: bool,
+    retried: bool,
 }
 
 /// A finished read waiting to be delivered by `poll`.

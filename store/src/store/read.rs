@@ -382,6 +382,7 @@ impl<I: Io> Store<I> {
             reads: read.into_iter().collect(),
             iters: iter.into_iter().collect(),
             local: true,
+            retried: false,
         });
         self.fetch_index.insert((seg.id, block), fi);
         self.issue_fetch(fi);
@@ -424,9 +425,12 @@ impl<I: Io> Store<I> {
         // raced an eviction's punch).
         if matches!(result, Err(StoreError::Corrupt { .. }))
             && f.local
+            && !f.retried
             && self.remote_copy_for(&f.seg)
         {
             let key = (f.seg.id, f.block);
+            let mut f = f;
+            f.retried = true;
             let fi = self.fetches.insert(f);
             self.fetch_index.insert(key, fi);
             self.issue_fetch(fi);

@@ -356,10 +356,19 @@ impl Tier {
                         // room (a full cache admits again once eviction
                         // made room: no churn of writes and punches), unless
                         // the file is being punched or was deleted.
+                        // Only a get's block (compaction's and exports' long
+                        // spans are read once), and at most MAX_WRITEBACKS
+                        // in flight: beyond, the disk would set the pace.
                         let room = self.cfg.local_cache_bytes.is_none_or(|cap| {
                             self.stats.local_cache_bytes + self.admitted + b.len() as u64 <= cap
                         });
+                        let busy = self.wb.len() + self.writebacks.len() >= MAX_WRITEBACKS;
+                        if busy {
+                            self.stats.writebacks_skipped += 1;
+                        }
                         if room
+                            && !busy
+                            && t >> TAG_SHIFT == TAG_FETCH
                             && !self.punching.values().any(|n| **n == *name)
                             && self.uploaded.contains(&*name)
                         {
@@ -645,6 +654,17 @@ impl<I: Io> Store<I> {
         for s in &segs {
             store.note_remote(s);
         }
+        // Fetched segments no retained manifest and no layer names: a
+        // restore refused after it fetched them, or one since replaced.
+        if let Ok(rd) = std::fs::read_dir(store.cfg.dir.join(FETCHED_DIR)) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().to_string();
+                let path = e.path();
+                if !store.ckpt.pinned(&n) && !segs.iter().any(|s| s.path == path) {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
         // Objects no retained manifest and no local file names: left by a
         // failed checkpoint, or by a delete that did not finish.
         let orphans: Vec<String> = listed
@@ -791,15 +811,22 @@ impl<I: Io> Store<I> {
                 .find(|s| s.path == p)
                 .cloned()
         };
+        // A file already remote is a candidate again when it holds more
+        // than its metadata: pages written back since (or a write that
+        // landed after its punch).
+        let meta_bytes = |p: &Path| match open(p) {
+            Some(s) => Some(s.file_len - data_end(&s.footer)),
+            None => read_footer(p).map(|(f, len)| len - data_end(&f)),
+        };
         let tier = self.tier.as_ref().expect("checked");
         let mut candidates: Vec<(u64, String, PathBuf, u64)> = files
             .into_iter()
-            .filter(|(n, p, _)| {
-                let cached = || open(p).is_some_and(|s| s.residency.cached_pages() > 0);
+            .filter(|(n, p, bytes)| {
                 tier.uploaded.contains(n)
                     && !busy.contains(p.as_path())
                     && !tier.punching.values().any(|x| x == n)
-                    && (!tier.evicted.contains(n) || cached())
+                    && (!tier.evicted.contains(n)
+                        || meta_bytes(p).is_some_and(|m| *bytes > m + ALIGN as u64))
             })
             .map(|(n, p, b)| {
                 let used = open(&p).map_or(0, |s| s.residency.last_use());
@@ -840,7 +867,7 @@ impl<I: Io> Store<I> {
             Some(e) => e,
             // A file only a checkpoint names: its footer says where.
             None => match read_footer(&path) {
-                Some(f) => data_end(&f),
+                Some((f, _)) => data_end(&f),
                 None => return,
             },
         };
@@ -874,11 +901,9 @@ impl<I: Io> Store<I> {
         if !tier.uploaded.contains(&name) {
             return false;
         }
-        // A read that raced a punch finds the file remote already.
-        if !seg.residency.is_remote() {
-            seg.residency.set_remote();
-            tier.evicted.insert(name);
-        }
+        // Every page of it, cached ones too (one of them was bad).
+        seg.residency.set_remote();
+        tier.evicted.insert(name);
         tier.stats.refetched += 1;
         true
     }
@@ -889,12 +914,6 @@ impl<I: Io> Store<I> {
             return;
         };
         for w in std::mem::take(&mut tier.writebacks) {
-            // The disk, not the remote, would then set the pace: beyond
-            // this many writes in flight a block stays remote only.
-            if tier.wb.len() >= MAX_WRITEBACKS {
-                tier.stats.writebacks_skipped += 1;
-                continue;
-            }
             let f = match tier.wfds.get(&*w.name) {
                 Some(&f) => f,
                 None => match self
@@ -950,16 +969,16 @@ impl<I: Io> Store<I> {
     }
 }
 
-/// A segment file's footer, read with a plain `pread` (eviction of a file
-/// no layer has open; rare, one page).
-fn read_footer(path: &Path) -> Option<format::Footer> {
+/// A segment file's footer and length, read with a plain `pread`
+/// (eviction of a file no layer has open; rare, one page).
+fn read_footer(path: &Path) -> Option<(format::Footer, u64)> {
     use std::os::unix::fs::FileExt;
     let f = std::fs::File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
     let page = format::footer_page(len)?;
     let mut buf = vec![0u8; ALIGN];
     f.read_exact_at(&mut buf, page).ok()?;
-    format::Footer::decode(&buf, len).ok()
+    format::Footer::decode(&buf, len).ok().map(|f| (f, len))
 }
 
 /// Routes a segment read to the local disk or to the remote tier.

@@ -2,6 +2,7 @@
 //! `s3s-fs` (which `.ci/run` installs; without it the tests say so and
 //! pass only outside CI).
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -86,4 +87,41 @@ pub fn s3(port: u16) -> Target {
         secret_access_key: Some(SECRET.into()),
         allow_http: true,
     }
+}
+
+/// A TCP proxy that holds every chunk from the client for `delay` before
+/// passing it on (each request is late by at least that much).
+pub fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { continue };
+            let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let pipe = |mut from: TcpStream, mut to: TcpStream, delay: Option<Duration>| {
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if let Some(d) = delay {
+                                    std::thread::sleep(d);
+                                }
+                                if to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            };
+            pipe(c.try_clone().unwrap(), u.try_clone().unwrap(), Some(delay));
+            pipe(u, c, None);
+        }
+    });
+    port
 }
