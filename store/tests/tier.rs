@@ -144,6 +144,28 @@ fn check_one(i: usize, kg: u16, got: Owned, round: u8, lo: u16, hi: u16) {
     assert_eq!(got, Owned::Value(expect), "key {i}");
 }
 
+/// A store in `dir` loaded with `round`'s values, its checkpoint 1 taken
+/// (uploaded) and completed, then closed: the handle.
+fn checkpointed(dir: &Path, target: &Target, prefix: &str, round: u8) -> Vec<u8> {
+    let mut s = open(dir, target, prefix, None).unwrap();
+    put_all(&mut s, round);
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    h
+}
+
+/// Flips a byte in the first data block of every segment file in `dir`.
+fn corrupt_first_blocks(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".sst") {
+            let mut b = std::fs::read(e.path()).unwrap();
+            b[100] ^= 0x5a;
+            std::fs::write(e.path(), &b).unwrap();
+        }
+    }
+}
+
 fn spec(id: u64) -> CheckpointSpec {
     CheckpointSpec {
         owner: OWNER.to_vec(),
@@ -419,12 +441,7 @@ fn server_stopped_fails_only_what_needs_it() {
     let port = server.port;
     let target = s3(port);
     // A restored (remote-only) layer and a local one.
-    let src = tmp.path().join("src");
-    let mut s = open(&src, &target, "f", None).unwrap();
-    put_all(&mut s, 3);
-    let h = checkpoint(&mut s, spec(1)).unwrap();
-    s.checkpoint_notify(OWNER, 1, Notify::Complete);
-    drop(s);
+    let h = checkpointed(&tmp.path().join("src"), &target, "f", 3);
     let dir = tmp.path().join("d");
     let mut s = open(&dir, &target, "f", None).unwrap();
     s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
@@ -477,12 +494,7 @@ fn fetched_blocks_are_written_back_and_read_locally() {
     let target = Target::Local {
         dir: tmp.path().join("remote"),
     };
-    let mut s = open(&tmp.path().join("a"), &target, "w", None).unwrap();
-    put_all(&mut s, 4);
-    let h = checkpoint(&mut s, spec(1)).unwrap();
-    s.checkpoint_notify(OWNER, 1, Notify::Complete);
-    settle_fully(&mut s);
-    drop(s);
+    let h = checkpointed(&tmp.path().join("a"), &target, "w", 4);
     let b = tmp.path().join("b");
     let mut s = open_with(&b, &target, "w", None, Some(64 << 10)).unwrap();
     s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
@@ -514,20 +526,8 @@ fn a_corrupt_local_block_is_read_from_the_remote() {
         dir: tmp.path().join("remote"),
     };
     let dir = tmp.path().join("a");
-    let mut s = open(&dir, &target, "c", None).unwrap();
-    put_all(&mut s, 5);
-    checkpoint(&mut s, spec(1)).unwrap();
-    s.checkpoint_notify(OWNER, 1, Notify::Complete);
-    settle_fully(&mut s);
-    drop(s);
-    // Flip a byte in the first data block of every segment file.
-    for e in std::fs::read_dir(&dir).unwrap().flatten() {
-        if e.file_name().to_string_lossy().ends_with(".sst") {
-            let mut b = std::fs::read(e.path()).unwrap();
-            b[100] ^= 0x5a;
-            std::fs::write(e.path(), &b).unwrap();
-        }
-    }
+    checkpointed(&dir, &target, "c", 5);
+    corrupt_first_blocks(&dir);
     let mut s = open(&dir, &target, "c", None).unwrap();
     check_all(&mut s, 5, 0, KGS - 1);
     let st = s.stats().remote.unwrap();
@@ -543,12 +543,7 @@ fn a_slow_server_is_waited_for() {
     let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
         return;
     };
-    let mut s = open(&tmp.path().join("a"), &s3(server.port), "slow", None).unwrap();
-    put_all(&mut s, 6);
-    let h = checkpoint(&mut s, spec(1)).unwrap();
-    s.checkpoint_notify(OWNER, 1, Notify::Complete);
-    settle_fully(&mut s);
-    drop(s);
+    let h = checkpointed(&tmp.path().join("a"), &s3(server.port), "slow", 6);
 
     let slow = slow_proxy(server.port, Duration::from_millis(300));
     let mut cfg = RemoteConfig::new(s3(slow));
@@ -590,21 +585,9 @@ fn a_block_corrupt_everywhere_fails_its_gets_alone() {
         dir: tmp.path().join("remote"),
     };
     let dir = tmp.path().join("a");
-    let mut s = open(&dir, &target, "x", None).unwrap();
-    put_all(&mut s, 7);
-    checkpoint(&mut s, spec(1)).unwrap();
-    s.checkpoint_notify(OWNER, 1, Notify::Complete);
-    settle_fully(&mut s);
-    drop(s);
-    for d in [dir.clone(), tmp.path().join("remote").join("x")] {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            if e.file_name().to_string_lossy().ends_with(".sst") {
-                let mut b = std::fs::read(e.path()).unwrap();
-                b[100] ^= 0x5a;
-                std::fs::write(e.path(), &b).unwrap();
-            }
-        }
-    }
+    checkpointed(&dir, &target, "x", 7);
+    corrupt_first_blocks(&dir);
+    corrupt_first_blocks(&tmp.path().join("remote").join("x"));
     let mut s = open(&dir, &target, "x", None).unwrap();
     let (mut ok, mut corrupt) = (0, 0);
     for i in 0..KEYS {
