@@ -13,6 +13,11 @@
 //!   Eviction keeps the segment files under `local_cache_bytes`, least
 //!   recently read first. A hole in the data region is what says "remote"
 //!   after a restart (`SEEK_HOLE`), so eviction needs no journal.
+//! - **Refilling.** What a get fetched is written back into the local file
+//!   while the cache has room, and its pages are read locally from then
+//!   on (a bitmap per file, an epoch per eviction so a write that races a
+//!   punch marks nothing). A local block that fails its checksum (bit rot,
+//!   or a read that raced a punch) is read from the remote instead, once.
 //! - **Restore on an empty disk.** At open, the manifests (and completion
 //!   markers) the remote holds and the local disk lacks are downloaded. A
 //!   restore that names a segment the local disk lacks fetches its footer
