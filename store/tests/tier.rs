@@ -354,6 +354,15 @@ fn eviction_keeps_the_local_disk_within_budget() {
     let mut s = open(&dir, &target, "e", Some(budget)).unwrap();
     assert!(s.stats().remote.unwrap().evicted_segments > 0);
     check_all(&mut s, 2, 0, KGS - 1);
+    drop(s);
+    // Without the tier, the store refuses to open (every read of an
+    // evicted segment would fail) and says why.
+    let mut cfg = StoreConfig::new(&dir, 16 << 20);
+    cfg.memtable_bytes = Some(1 << 20);
+    let e = Store::open(cfg, UringIo::new(64, true).unwrap())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("remote tier"), "{e}");
 }
 
 /// GC: a subsumed checkpoint's segments go from the remote when no retained

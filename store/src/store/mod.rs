@@ -499,7 +499,19 @@ fn corrupt(seg: &Segment, offset: u64, what: &'static str) -> StoreError {
 impl<I: Io> Store<I> {
     /// Opens (or creates) the store in `cfg.dir`, recovering every segment
     /// that was completely written and setting aside torn ones.
-    pub fn open(cfg: StoreConfig, mut io: I) -> Result<(Store<I>, RecoveryReport), StoreError> {
+    pub fn open(cfg: StoreConfig, io: I) -> Result<(Store<I>, RecoveryReport), StoreError> {
+        Self::open_inner(cfg, io, false)
+    }
+
+    /// `open`, for a store with a remote tier (`tiered`) or without one:
+    /// without, a segment whose data region has a hole (evicted to a remote
+    /// tier that is no longer configured) refuses the open rather than
+    /// failing every read of it.
+    pub(super) fn open_inner(
+        cfg: StoreConfig,
+        mut io: I,
+        tiered: bool,
+    ) -> Result<(Store<I>, RecoveryReport), StoreError> {
         if cfg.memtable_bytes() > cfg.memory_budget / 2 {
             return Err(StoreError::Invalid(
                 "memtable_bytes must be at most half the memory budget: the active memtable and the one being flushed share it",
@@ -646,6 +658,19 @@ impl<I: Io> Store<I> {
             seg.footer.min_order = imp.order;
             seg.clip = Some(imp.clip);
             live.push(Rc::new(seg));
+        }
+        if !tiered
+            && let Some(s) = live
+                .iter()
+                .find(|s| tier::has_hole(&s.path, tier::data_end(&s.footer)))
+        {
+            return Err(StoreError::Dir {
+                path: cfg.dir.display().to_string(),
+                msg: format!(
+                    "segment {} holds only part of its data: the rest is on a remote tier; open it with the remote tier configured ([remote])",
+                    s.path.display()
+                ),
+            });
         }
         sort_layers(&mut live);
         report.segments = live.len();

@@ -162,7 +162,7 @@ pub(super) struct Tier {
 
 /// Whether `path`'s data region (`..data_end`) has a hole: its blocks are
 /// only remote. A file that cannot be asked says no.
-fn has_hole(path: &Path, data_end: u64) -> bool {
+pub(super) fn has_hole(path: &Path, data_end: u64) -> bool {
     let Ok(f) = std::fs::File::open(path) else {
         return false;
     };
@@ -630,7 +630,7 @@ impl<I: Io> Store<I> {
             msg: e.to_string(),
         })?;
         let (tier, listed) = prepare(&cfg.dir, remote, tier_cfg)?;
-        let (mut store, report) = Store::open(cfg, io)?;
+        let (mut store, report) = Store::open_inner(cfg, io, true)?;
         store.tier = Some(tier);
         // Names a manifest holds must never be reused by this host's new
         // segments (an upload would replace an object a checkpoint needs).
