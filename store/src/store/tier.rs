@@ -252,12 +252,13 @@ impl Tier {
         if self.batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.batch);
-        let refs: Vec<(u64, &str, Range<u64>)> = batch
+        let refs: Vec<(u64, &str, Range<u64>)> = self
+            .batch
             .iter()
             .map(|(t, n, r)| (*t, &**n, r.clone()))
             .collect();
         self.remote.get_blocks(&refs);
+        self.batch.clear();
     }
 
     /// Starts uploading `path` as `name` unless it is durable or on its way.
@@ -425,9 +426,41 @@ impl Tier {
         true
     }
 
+    /// Waits for the outcomes of the `n` synchronous tokens numbered from
+    /// `base` (until `deadline`, if any): one per token, in order; other
+    /// outcomes are kept for the next `reap`, late ones dropped by it.
+    fn wait_sync(
+        &mut self,
+        base: u64,
+        n: usize,
+        deadline: Option<Instant>,
+    ) -> Vec<Option<Result<RemoteDone, RemoteError>>> {
+        let mut res: Vec<Option<Result<RemoteDone, RemoteError>>> = (0..n).map(|_| None).collect();
+        let mut left = n;
+        while left > 0 {
+            let mut got = std::mem::take(&mut self.stash);
+            self.remote.poll(|t, r| got.push((t, r)));
+            for (t, r) in got {
+                let i = (t & ((1 << TAG_SHIFT) - 1)).wrapping_sub(base) as usize;
+                if t >> TAG_SHIFT == TAG_SYNC && i < n && res[i].is_none() {
+                    res[i] = Some(r);
+                    left -= 1;
+                } else {
+                    self.stash.push((t, r));
+                }
+            }
+            if left > 0 {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    break;
+                }
+                self.remote.wait(Duration::from_millis(50));
+            }
+        }
+        res
+    }
+
     /// Runs `get`'s ranges and waits for them (a restore's metadata, the
-    /// manifests at open): one result per range, in order. Other outcomes
-    /// are kept for the next `reap`.
+    /// manifests at open): one result per range, in order.
     fn get_sync(
         &mut self,
         wanted: &[(String, Range<u64>)],
@@ -441,71 +474,36 @@ impl Tier {
             .map(|((n, r), t)| (*t, n.as_str(), r.clone()))
             .collect();
         self.remote.get_blocks(&refs);
-        let mut res: Vec<Option<Result<Bytes, RemoteError>>> =
-            wanted.iter().map(|_| None).collect();
-        let mut left = wanted.len();
-        while left > 0 {
-            let mut got = Vec::new();
-            self.remote.poll(|t, r| got.push((t, r)));
-            for (t, r) in got.into_iter().chain(std::mem::take(&mut self.stash)) {
-                let i = (t & ((1 << TAG_SHIFT) - 1)).wrapping_sub(base) as usize;
-                if t >> TAG_SHIFT == TAG_SYNC && i < res.len() && res[i].is_none() {
-                    res[i] = Some(r.and_then(|d| match d {
-                        RemoteDone::Bytes(b) => Ok(b),
-                        _ => Err(RemoteError::Config("a GET answered without bytes".into())),
-                    }));
-                    left -= 1;
-                } else {
-                    self.stash.push((t, r));
-                }
-            }
-            if left > 0 {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    break;
-                }
-                self.remote.wait(Duration::from_millis(50));
-            }
-        }
-        // Late answers are dropped by `reap` (their tag is TAG_SYNC).
-        res.into_iter()
+        self.wait_sync(base, wanted.len(), deadline)
+            .into_iter()
             .zip(wanted)
-            .map(|(r, (n, _))| {
-                r.unwrap_or_else(|| {
-                    Err(RemoteError::Failed {
-                        op: "GET",
-                        path: n.clone(),
-                        attempts: 0,
-                        msg: format!(
-                            "no answer within {RESTORE_FETCH_LIMIT:?} (a restore waits no longer)"
-                        ),
-                    })
-                })
+            .map(|(r, (n, _))| match r {
+                Some(r) => r.and_then(|d| match d {
+                    RemoteDone::Bytes(b) => Ok(b),
+                    _ => Err(RemoteError::Config("a GET answered without bytes".into())),
+                }),
+                None => Err(RemoteError::Failed {
+                    op: "GET",
+                    path: n.clone(),
+                    attempts: 0,
+                    msg: format!(
+                        "no answer within {RESTORE_FETCH_LIMIT:?} (a restore waits no longer)"
+                    ),
+                }),
             })
             .collect()
     }
 
-    /// Lists the store's objects and waits for the answer.
+    /// Lists the store's objects and waits for the answer (bounded by the
+    /// client's timeout and retries).
     fn list_sync(&mut self) -> Result<Vec<(String, u64)>, RemoteError> {
         let t = self.token(TAG_SYNC);
         self.remote.list(t, "");
-        loop {
-            let mut got = Vec::new();
-            self.remote.poll(|tok, r| got.push((tok, r)));
-            let mut found = None;
-            for (tok, r) in got {
-                if tok == t {
-                    found = Some(r);
-                } else {
-                    self.stash.push((tok, r));
-                }
-            }
-            if let Some(r) = found {
-                return r.and_then(|d| match d {
-                    RemoteDone::Listed(v) => Ok(v),
-                    _ => Err(RemoteError::Config("a LIST answered without names".into())),
-                });
-            }
-            self.remote.wait(Duration::from_millis(50));
+        let base = t & ((1 << TAG_SHIFT) - 1);
+        match self.wait_sync(base, 1, None).pop().flatten() {
+            Some(Ok(RemoteDone::Listed(v))) => Ok(v),
+            Some(Err(e)) => Err(e),
+            _ => Err(RemoteError::Config("a LIST answered without names".into())),
         }
     }
 }
@@ -918,7 +916,12 @@ impl<I: Io> Store<I> {
         let Some(tier) = self.tier.as_mut() else {
             return;
         };
-        for w in std::mem::take(&mut tier.writebacks) {
+        if tier.writebacks.is_empty() {
+            return;
+        }
+        // Drained in place: the vector keeps its capacity for the next pass.
+        let mut pass = std::mem::take(&mut tier.writebacks);
+        for w in pass.drain(..) {
             let f = match tier.wfds.get(&*w.name) {
                 Some(&f) => f,
                 None => match self
@@ -936,6 +939,7 @@ impl<I: Io> Store<I> {
             self.io
                 .write(f, w.off, w.buf, tag(TAG_CACHE_WRITE, k as u64));
         }
+        tier.writebacks = pass;
     }
 
     /// A write-back finished: its pages are local from now on.
