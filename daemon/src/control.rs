@@ -30,10 +30,15 @@ const MAX_REGISTERED: usize = 1 << 16;
 
 /// State names of every job, and their store-wide ids. Persisted, so that
 /// a restarted daemon gives the same (job, operator, name) the same id.
+/// Also which uid each job belongs to (`jobs.json`): the first uid that
+/// opened a session of it, so that one tenant cannot open another's job by
+/// its name and reach its state or checkpoints.
 pub struct Registry {
     path: PathBuf,
     entries: Vec<RegEntry>,
     index: HashMap<(String, String, String), usize>,
+    jobs_path: PathBuf,
+    jobs: std::collections::BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -46,19 +51,12 @@ struct RegEntry {
 }
 
 impl Registry {
-    /// Loads `<data_dir>/states.json` (or starts empty).
+    /// Loads `<data_dir>/states.json` and `jobs.json` (or starts empty).
     pub fn open(data_dir: &Path) -> std::io::Result<Registry> {
         let path = data_dir.join("states.json");
-        let entries: Vec<RegEntry> = match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{}: {e}", path.display()),
-                )
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e),
-        };
+        let entries: Vec<RegEntry> = load_json(&path)?.unwrap_or_default();
+        let jobs_path = data_dir.join("jobs.json");
+        let jobs = load_json(&jobs_path)?.unwrap_or_default();
         let index = entries
             .iter()
             .enumerate()
@@ -68,7 +66,42 @@ impl Registry {
             path,
             entries,
             index,
+            jobs_path,
+            jobs,
         })
+    }
+
+    /// Lets `uid` open a session of `job`: a job belongs to the first uid
+    /// that opens it (durably); another uid is refused. Root and statord's
+    /// own uid may open any job (statorctl's exports and imports) and
+    /// claim none.
+    pub fn claim(&mut self, job: &str, uid: u32) -> Result<(), Refusal> {
+        if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+            return Ok(());
+        }
+        match self.jobs.get(job) {
+            Some(&owner) if owner == uid => Ok(()),
+            Some(&owner) => Err((
+                status::DENIED,
+                format!(
+                    "job `{job}` belongs to uid {owner}, not {uid} (the first uid to open it; jobs.json in the data directory)"
+                ),
+            )),
+            None => {
+                self.jobs.insert(job.to_string(), uid);
+                if let Err(e) = save_json(&self.jobs_path, &self.jobs) {
+                    self.jobs.remove(job);
+                    return Err((status::INTERNAL, format!("cannot save the job owners: {e}")));
+                }
+                tracing::info!(job, uid, "job claimed by its first uid");
+                Ok(())
+            }
+        }
+    }
+
+    /// The uid a job belongs to, if claimed.
+    pub fn job_uid(&self, job: &str) -> Option<u32> {
+        self.jobs.get(job).copied()
     }
 
     /// The store-wide id of a state, registering it (durably) if new.
@@ -178,16 +211,36 @@ impl Registry {
     }
 
     fn save(&self) -> std::io::Result<()> {
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(&self.entries)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.path)?;
-        if let Some(d) = self.path.parent() {
-            std::fs::File::open(d)?.sync_all()?;
-        }
-        Ok(())
+        save_json(&self.path, &self.entries)
     }
+}
+
+/// Reads a JSON file; `None` when it does not exist.
+fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<Option<T>> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces a JSON file durably (a temporary file, fsync, rename, the
+/// directory's fsync).
+fn save_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(v)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        std::fs::File::open(d)?.sync_all()?;
+    }
+    Ok(())
 }
 
 fn kind_name(k: u8) -> &'static str {
@@ -371,6 +424,7 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
                 chunk_slots,
             } => match open(
                 ctx,
+                uid,
                 version,
                 &job,
                 &operator,
@@ -462,6 +516,7 @@ type Refusal = (i32, String);
 
 fn open(
     ctx: &Ctx,
+    uid: u32,
     version: u16,
     job: &str,
     operator: &str,
@@ -542,6 +597,10 @@ fn open(
             ),
         ));
     }
+    ctx.registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .claim(job, uid)?;
     if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= cfg.max_sessions {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
         return Err((
