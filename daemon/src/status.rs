@@ -940,6 +940,15 @@ impl Collector for Gathered {
                 .filter(|(r, _)| r.store.last_background_error.is_some())
                 .count() as f64,
         )?;
+        counter(
+            &mut e,
+            "background_failures",
+            "Flush, compaction and checkpoint-file failures since start, retried or not",
+            self.shards
+                .iter()
+                .map(|(r, _)| r.store.background_failures)
+                .sum(),
+        )?;
         Ok(())
     }
 }

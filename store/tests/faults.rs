@@ -496,3 +496,136 @@ fn a_late_write_of_an_abandoned_compaction_does_not_confuse_its_retry() {
         );
     }
 }
+
+/// Faults around checkpoints: at every write, fsync and read of a run of
+/// puts, deletes, checkpoints and a compaction, in turn, one fault of each
+/// kind (EIO, ENOSPC, a failed fsync, a torn write at a crash, a read error,
+/// a flipped bit; once and for good). Then the machine "crashes" and the
+/// store reopens on a healthy disk. Every checkpoint whose handle was
+/// returned restores exactly the state it was taken of, and every injected
+/// write or fsync fault surfaced somewhere (a failed checkpoint, a
+/// background error): none is hidden.
+#[test]
+fn faults_around_checkpoints_lose_no_returned_handle_and_hide_nothing() {
+    use std::collections::BTreeMap;
+
+    use common::checkpoint;
+    use stator_store::{CheckpointSpec, RestoreSpec};
+
+    const OWNER: &[u8] = b"job\0op";
+    let spec = |id| CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: 15,
+        states: vec![1],
+        meta: Vec::new(),
+    };
+    let restore = RestoreSpec {
+        owner: OWNER,
+        lo: 0,
+        hi: 15,
+        states: &[1],
+    };
+    // Key i is in key group i % 16 (see `kr`).
+    let check = |s: &mut Store<SyncIo>, m: &BTreeMap<u32, u8>, what: &str| {
+        for i in 0..600 {
+            let want = m.get(&i).map(|v| vec![*v; 64]);
+            assert_eq!(
+                run(s, Op::Get(kr(&k(i)))).unwrap(),
+                Owned::Value(want),
+                "{what}: key {i}"
+            );
+        }
+    };
+    let kinds = [
+        Fault::WriteEio,
+        Fault::NoSpace,
+        Fault::FsyncEio,
+        Fault::TornWriteCrash,
+        Fault::ReadEio,
+        Fault::ReadBitFlip,
+    ];
+    let (mut returned, mut failed, mut cases) = (0, 0, 0);
+    for fault in kinds {
+        for after in 0..24 {
+            for sticky in [false, true] {
+                let what = format!("{fault:?} after {after} (sticky {sticky})");
+                let d = tempfile::tempdir().unwrap();
+                let plan = FaultPlan {
+                    after,
+                    fault,
+                    sticky,
+                };
+                let io = FaultIo::new(SyncIo::new(true), Some(plan));
+                let (mut s, _) = Store::open(cfg(d.path()), io).unwrap();
+                let mut m = BTreeMap::new();
+                let mut handles: Vec<(Vec<u8>, BTreeMap<u32, u8>)> = Vec::new();
+                let mut errors = 0;
+                for round in 0..4u8 {
+                    for i in (round as u32 * 50)..(round as u32 * 50 + 300) {
+                        let r = if i % 7 == round as u32 {
+                            m.remove(&i);
+                            run(&mut s, Op::Delete(kr(&k(i))))
+                        } else {
+                            m.insert(i, round);
+                            run(&mut s, Op::Put(kr(&k(i)), &[round; 64]))
+                        };
+                        // Writes go to the memtable: a disk fault cannot
+                        // fail them.
+                        r.unwrap_or_else(|e| panic!("{what}: a write failed: {e}"));
+                    }
+                    match checkpoint(&mut s, spec(round as u64 + 1)) {
+                        Ok(h) => handles.push((h, m.clone())),
+                        Err(_) => errors += 1,
+                    }
+                    if round == 2 {
+                        s.compact_all();
+                    }
+                    for i in (0..600).step_by(37) {
+                        if run(&mut s, Op::Get(kr(&k(i)))).is_err() {
+                            errors += 1;
+                        }
+                    }
+                }
+                // Background work on a disk that keeps failing never ends
+                // (it is retried): give it a moment, no more.
+                let until = std::time::Instant::now() + Duration::from_millis(30);
+                while s.busy() && std::time::Instant::now() < until {
+                    s.settle();
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let injected = s.io().injected;
+                let background = s.stats().background_failures > 0;
+                if injected > 0
+                    && matches!(
+                        fault,
+                        Fault::WriteEio | Fault::NoSpace | Fault::FsyncEio | Fault::TornWriteCrash
+                    )
+                {
+                    assert!(
+                        errors > 0 || background,
+                        "{what}: {injected} faults injected and none reported"
+                    );
+                }
+                returned += handles.len();
+                failed += errors;
+                cases += usize::from(injected > 0);
+                // The crash, then a healthy disk.
+                drop(s);
+                let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true))
+                    .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+                for (n, (h, want)) in handles.iter().enumerate() {
+                    s.restore(restore, &[h.as_slice()])
+                        .unwrap_or_else(|e| panic!("{what}: returned handle {n}: {e}"));
+                    check(&mut s, want, &format!("{what}: restore of handle {n}"));
+                }
+            }
+        }
+    }
+    // The sweep reached the faults it meant to.
+    assert!(
+        cases > 100 && failed > 0 && returned > 0,
+        "{cases} {failed} {returned}"
+    );
+}

@@ -210,6 +210,7 @@ impl<I: Io> Store<I> {
 
     pub(super) fn background_failed(&mut self, e: StoreError) {
         self.stats.last_background_error = Some(e);
+        self.stats.background_failures += 1;
         self.retry_at = Some(Instant::now() + self.cfg.retry_delay);
     }
 

@@ -129,8 +129,13 @@ pub struct StoreStats {
     /// Checkpoint manifests retained, and checkpoints in progress.
     pub checkpoints_retained: usize,
     pub checkpoints_in_progress: usize,
-    /// The last background (flush/compaction) failure, if any.
+    /// The last background (flush/compaction) failure, if any; cleared
+    /// when a flush lands.
     pub last_background_error: Option<StoreError>,
+    /// Background failures since open, retried or not (a transient fault
+    /// that a retry mended still counts: failures are reported, never
+    /// hidden).
+    pub background_failures: u64,
     /// The remote tier's, when there is one.
     pub remote: Option<TierStats>,
 }

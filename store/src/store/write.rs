@@ -155,6 +155,7 @@ impl<I: Io> Store<I> {
             && let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments)
         {
             self.stats.last_background_error = Some(e);
+            self.stats.background_failures += 1;
         }
     }
 
