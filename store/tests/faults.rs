@@ -269,9 +269,21 @@ fn full_disk_fails_the_flush_clearly_and_loses_nothing() {
 
 /// A real full file system: a 1 MiB tmpfs (needs root to mount; skipped
 /// with a message otherwise). tmpfs refuses O_DIRECT, so this also runs the
-/// buffered fallback.
+/// buffered fallback. The kernel takes what fits of the write that fills
+/// the disk (a real short write, which the I/O layer continues, and the
+/// continuation gets ENOSPC).
 #[test]
 fn real_full_tmpfs() {
+    full_tmpfs(|| SyncIo::new(true));
+}
+
+/// The same through io_uring.
+#[test]
+fn real_full_tmpfs_over_io_uring() {
+    full_tmpfs(|| stator_store::io::UringIo::new(64, true).unwrap());
+}
+
+fn full_tmpfs<I: stator_store::io::Io>(mk: impl Fn() -> I) {
     let d = tempfile::tempdir().unwrap();
     let mnt = d.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
@@ -292,7 +304,7 @@ fn real_full_tmpfs() {
         }
     }
     let _u = Unmount(mnt.clone());
-    let (mut s, _) = Store::open(cfg(&mnt), SyncIo::new(true)).unwrap();
+    let (mut s, _) = Store::open(cfg(&mnt), mk()).unwrap();
     for i in 0..20_000 {
         run(&mut s, Op::Put(kr(&k(i)), &[4; 100])).unwrap();
     }
@@ -321,7 +333,7 @@ fn real_full_tmpfs() {
     );
     settle_fully(&mut s);
     drop(s);
-    let (mut s, rep) = Store::open(cfg(&mnt), SyncIo::new(true)).unwrap();
+    let (mut s, rep) = Store::open(cfg(&mnt), mk()).unwrap();
     assert!(rep.torn.is_empty(), "{rep:?}");
     for i in (0..20_000).step_by(97) {
         assert_eq!(
