@@ -49,7 +49,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn statord");
-        let d = Daemon {
+        let mut d = Daemon {
             child,
             dir: dir.to_path_buf(),
             socket,
@@ -57,6 +57,9 @@ impl Daemon {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("statord exited at start ({st}); its stderr says why");
+            }
             assert!(Instant::now() < deadline, "statord did not come up");
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -1,0 +1,495 @@
+//! The hostile-client soak: many clients of one `statord` at once.
+//! - well-behaved clients (each its own job) write, delete and read at
+//!   depth against a model, checkpoint now and then, and verify every read;
+//! - scribblers own sessions whose whole segments they overwrite with
+//!   garbage, ringing the daemon, then drop the connection and come back;
+//! - dying clients (child processes) open a session, flood it, and are
+//!   killed with SIGKILL at a random moment;
+//! - limit breakers ask for too much of everything: arenas, queues,
+//!   states, values, sessions, keys outside their key groups.
+//!
+//! Checked: the daemon never dies; no well-behaved client ever reads a
+//! value it did not write (nothing crosses sessions or jobs); at the end
+//! every acknowledged write reads back in a new session and every returned
+//! checkpoint handle restores exactly; the daemon's resident memory stays
+//! within its budget plus the session segments it maps.
+//!
+//! It runs 15 s in `cargo test`; `STATOR_SOAK_SECS=600 cargo test --release
+//! -p statord --test e2e_soak -- --nocapture` is the long run
+//! (RELIABILITY.md).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::{Daemon, collect, opts, run};
+use stator_client::{Error, Kind, Notify, OpenOptions, Request, Session, Status, ValueState};
+use stator_ring::control::{CONTROL_VERSION, Request as Ctl, kind};
+use stator_shm::Segment;
+use stator_shm::fdpass::recv_fds;
+
+/// Set in a child process: the daemon's socket (the child floods it).
+const DYING: &str = "STATOR_SOAK_DYING";
+
+const BUDGET_MIB: u64 = 128;
+const ARENA: u64 = 1 << 20;
+/// Keys per well-behaved client: 4 clients of ~150 B values over them
+/// hold more than the budget, so flushes, compactions and cache eviction
+/// all run.
+const KEYS: u64 = 200_000;
+
+fn secs() -> u64 {
+    std::env::var("STATOR_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn small(job: &str) -> OpenOptions {
+    OpenOptions {
+        sq_entries: 512,
+        cq_entries: 512,
+        arena_bytes: ARENA,
+        chunk_slots: 1,
+        ..opts(job, 0, 1)
+    }
+}
+
+/// The daemon's resident set, bytes.
+fn rss(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Bytes of session segments the daemon maps.
+fn mapped_segments(pid: i32) -> u64 {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return 0;
+    };
+    maps.lines()
+        .filter(|l| l.contains("memfd:stator-session"))
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some(u64::from_str_radix(b, 16).ok()? - u64::from_str_radix(a, 16).ok()?)
+        })
+        .sum()
+}
+
+/// A child process's life: open, flood with puts without reading a
+/// completion, until killed.
+#[test]
+fn dying_client() {
+    let Ok(socket) = std::env::var(DYING) else {
+        return; // not a child: nothing to do
+    };
+    let mut s = Session::open(&socket, &small("dying")).unwrap();
+    let st = ValueState(s.register("v", Kind::Value).unwrap());
+    let mut r = Rng(std::process::id() as u64 | 1);
+    let (lo, _) = s.key_groups();
+    loop {
+        let k = r.below(KEYS).to_be_bytes();
+        match s.submit(&st.put(lo, &k, &[7; 200]), 0) {
+            Ok(()) => {}
+            Err(Error::Full) => {
+                s.flush().unwrap();
+                let _ = s.poll(|_| {});
+            }
+            Err(e) => panic!("{e}"),
+        }
+        if r.below(64) == 0 {
+            s.flush().unwrap();
+        }
+    }
+}
+
+/// One well-behaved client: its own job, a model, reads verified.
+/// Returns its model, its checkpoint handles (each with the model it was
+/// taken of) and how many operations it completed.
+type Good = (
+    BTreeMap<u64, Vec<u8>>,
+    Vec<(Vec<u8>, BTreeMap<u64, Vec<u8>>)>,
+    u64,
+);
+
+fn good_client(socket: &std::path::Path, i: u64, stop: &AtomicBool, opened: &Barrier) -> Good {
+    let job = format!("good-{i}");
+    let mut s = Session::open(socket, &small(&job)).unwrap();
+    let st = ValueState(s.register("v", Kind::Value).unwrap());
+    opened.wait();
+    let mut r = Rng(0x9e37_79b9 + i);
+    let mut m: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    let mut handles = Vec::new();
+    let mut ops = 0u64;
+    let mut ckpt = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        // A batch at depth: puts and deletes of distinct keys, then gets.
+        let mut batch: BTreeMap<u64, Option<Vec<u8>>> = BTreeMap::new();
+        for _ in 0..200 {
+            let k = r.below(KEYS);
+            let v = if r.below(5) == 0 {
+                None
+            } else {
+                let len = 1 + r.below(300) as usize;
+                Some(
+                    format!("{job}:{k}:{ops}:")
+                        .into_bytes()
+                        .repeat(len / 16 + 1),
+                )
+            };
+            batch.insert(k, v);
+        }
+        for (k, v) in &batch {
+            let kb = k.to_be_bytes();
+            let req = match v {
+                Some(v) => st.put(0, &kb, v),
+                None => st.delete(0, &kb),
+            };
+            s.submit(&req, *k).unwrap();
+        }
+        s.flush().unwrap();
+        collect(&mut s, batch.len(), |k, d| {
+            assert_eq!(d.status, Ok(Status::Ok), "{job}: write of key {k}")
+        })
+        .unwrap();
+        for (k, v) in batch {
+            match v {
+                Some(v) => m.insert(k, v),
+                None => m.remove(&k),
+            };
+        }
+        let keys: Vec<u64> = (0..200).map(|_| r.below(KEYS)).collect();
+        for (n, k) in keys.iter().enumerate() {
+            s.submit(&st.get(0, &k.to_be_bytes()), n as u64).unwrap();
+        }
+        s.flush().unwrap();
+        collect(&mut s, keys.len(), |n, d| {
+            let k = keys[n as usize];
+            match m.get(&k) {
+                Some(v) => assert_eq!(d.value.as_deref(), Some(&v[..]), "{job}: key {k}"),
+                None => assert_eq!(d.status, Ok(Status::NotFound), "{job}: key {k}"),
+            }
+        })
+        .unwrap();
+        ops += 400;
+        if r.below(20) == 0 {
+            ckpt += 1;
+            let d = run(&mut s, &Request::checkpoint(ckpt)).unwrap();
+            assert_eq!(d.status, Ok(Status::Ok), "{job}: checkpoint {ckpt}");
+            handles.push((d.value.unwrap(), m.clone()));
+            // As the engine does once the checkpoint is complete everywhere:
+            // the older ones are then subsumed.
+            let d = run(&mut s, &Request::checkpoint_notify(ckpt, Notify::Complete)).unwrap();
+            assert_eq!(d.status, Ok(Status::Ok));
+            // The daemon retains the newest checkpoint of a job.
+            handles.drain(..handles.len() - 1);
+        }
+    }
+    s.close().unwrap();
+    (m, handles, ops)
+}
+
+/// A raw session of a hostile job, to scribble on.
+fn raw_session(socket: &std::path::Path, job: &str) -> Option<(UnixStream, Segment, OwnedFd3)> {
+    let mut sock = UnixStream::connect(socket).ok()?;
+    let mut f = Vec::new();
+    Ctl::Open {
+        version: CONTROL_VERSION,
+        job: job.into(),
+        operator: "op".into(),
+        subtask: 0,
+        parallelism: 1,
+        max_parallelism: 128,
+        sq_entries: 256,
+        cq_entries: 256,
+        arena_bytes: 1 << 20,
+        chunk_slots: 0,
+    }
+    .encode(&mut f);
+    sock.write_all(&f).ok()?;
+    let mut buf = vec![0u8; 70 * 1024];
+    let (_, mut fds) = recv_fds(&sock, &mut buf).ok()?;
+    if fds.len() != 3 {
+        return None;
+    }
+    let to_client = fds.pop()?;
+    let to_daemon = fds.pop()?;
+    let seg = Segment::attach(fds.pop()?).ok()?;
+    Ctl::Register {
+        kind: kind::VALUE,
+        name: "v".into(),
+    }
+    .encode(&mut f);
+    sock.write_all(&f).ok()?;
+    Some((sock, seg, OwnedFd3(to_daemon, to_client)))
+}
+
+/// The session's doorbells: to the daemon (rung), to the client (kept
+/// open, unread).
+struct OwnedFd3(std::os::fd::OwnedFd, #[allow(dead_code)] std::os::fd::OwnedFd);
+
+fn scribbler(socket: &std::path::Path, i: u64, stop: &AtomicBool, rounds: &AtomicU64) {
+    let mut r = Rng(0xdead_beef + i);
+    while !stop.load(Ordering::Relaxed) {
+        let Some((sock, seg, fds)) = raw_session(socket, &format!("hostile-{i}")) else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        let view = seg.view();
+        let mut junk = vec![0u8; view.len()];
+        for _ in 0..(1 + r.below(8)) {
+            // Sometimes everything, sometimes only the control page and
+            // queues (the indices and descriptors the daemon reads).
+            let n = if r.below(2) == 0 {
+                junk.len()
+            } else {
+                64 << 10
+            };
+            for b in junk[..n].iter_mut() {
+                *b = r.next() as u8;
+            }
+            view.write_from(0, &junk[..n]).unwrap();
+            let _ = nix::unistd::write(&fds.0, &1u64.to_ne_bytes());
+            std::thread::sleep(Duration::from_millis(r.below(5)));
+            rounds.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(sock);
+    }
+}
+
+/// Asks for too much of everything; every refusal must be clean.
+fn limit_breaker(socket: &std::path::Path, stop: &AtomicBool, refused: &AtomicU64) {
+    let mut r = Rng(77);
+    while !stop.load(Ordering::Relaxed) {
+        let case = r.below(5);
+        let outcome = match case {
+            // An arena beyond session.max_arena_mib, or queues beyond
+            // max_entries.
+            0 => Session::open(
+                socket,
+                &OpenOptions {
+                    arena_bytes: 64 << 20,
+                    ..small("breaker")
+                },
+            )
+            .err(),
+            1 => Session::open(
+                socket,
+                &OpenOptions {
+                    sq_entries: 1 << 20,
+                    ..small("breaker")
+                },
+            )
+            .err(),
+            // More states than session.max_states.
+            2 => 'case: {
+                let mut s = match Session::open(socket, &small("breaker")) {
+                    Ok(s) => s,
+                    Err(e) => break 'case Some(e), // max_sessions, for now
+                };
+                let mut e = None;
+                for n in 0..40 {
+                    if let Err(x) = s.register(&format!("s{n}"), Kind::Value) {
+                        e = Some(x);
+                        break;
+                    }
+                }
+                e
+            }
+            // A value larger than the arena, and a key outside the
+            // session's key groups.
+            3 => 'case: {
+                let mut s = match Session::open(socket, &small("breaker")) {
+                    Ok(s) => s,
+                    Err(e) => break 'case Some(e),
+                };
+                let st = ValueState(s.register("v", Kind::Value).unwrap());
+                let big = vec![1u8; 2 << 20];
+                let e = s.submit(&st.put(0, b"k", &big), 1).err();
+                let (_, hi) = s.key_groups();
+                let d = run(&mut s, &st.put(hi.wrapping_add(1), b"k", b"v")).unwrap();
+                assert_eq!(d.status, Ok(Status::BadKeyGroup));
+                e
+            }
+            // More sessions than max_sessions (the others count too).
+            _ => {
+                let mut held = Vec::new();
+                let mut e = None;
+                for _ in 0..40 {
+                    match Session::open(socket, &small("breaker")) {
+                        Ok(s) => held.push(s),
+                        Err(x) => {
+                            e = Some(x);
+                            break;
+                        }
+                    }
+                }
+                e
+            }
+        };
+        match outcome {
+            Some(Error::Refused { .. } | Error::Full | Error::TooLarge) => {
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(e) => panic!("limit case {case}: not a clean refusal: {e:?}"),
+            None => panic!("limit case {case} was not refused"),
+        }
+    }
+}
+
+#[test]
+fn hostile_soak_loses_nothing_acknowledged_and_stays_in_budget() {
+    if std::env::var(DYING).is_ok() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("statord.toml");
+    std::fs::write(
+        &config,
+        "max_sessions = 32\n[session]\narena_mib = 1\nmax_arena_mib = 8\nmax_entries = 4096\nmax_states = 16\n",
+    )
+    .unwrap();
+    let mut d = Daemon::start_in(
+        tmp.path(),
+        BUDGET_MIB,
+        &["--config", config.to_str().unwrap()],
+    );
+    let pid = d.pid();
+    let socket = d.socket.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (scribbles, refusals) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut goods = Vec::new();
+    // The well-behaved sessions open first (the limit breaker then takes
+    // every session there is left, again and again).
+    let opened = Arc::new(Barrier::new(5));
+    for i in 0..4 {
+        let (socket, stop, opened) = (socket.clone(), stop.clone(), opened.clone());
+        goods.push(std::thread::spawn(move || {
+            good_client(&socket, i, &stop, &opened)
+        }));
+    }
+    opened.wait();
+    let mut others = Vec::new();
+    for i in 0..2 {
+        let (socket, stop, n) = (socket.clone(), stop.clone(), scribbles.clone());
+        others.push(std::thread::spawn(move || scribbler(&socket, i, &stop, &n)));
+    }
+    {
+        let (socket, stop, n) = (socket.clone(), stop.clone(), refusals.clone());
+        others.push(std::thread::spawn(move || {
+            limit_breaker(&socket, &stop, &n)
+        }));
+    }
+    // Dying clients, and the memory watch, on this thread.
+    let exe = std::env::current_exe().unwrap();
+    let mut r = Rng(12345);
+    let (mut killed, mut peak, mut peak_allowed) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs()) {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "dying_client", "--nocapture"])
+            .env(DYING, &socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_millis(20 + r.below(300));
+        while Instant::now() < until {
+            let (now, segs) = (rss(pid), mapped_segments(pid));
+            // The budget covers the stores; the daemon also maps every
+            // session's segment (shared with its client) and has its own
+            // code, stacks and io_uring rings: 64 MiB for those.
+            let allowed = (BUDGET_MIB << 20) + segs + (64 << 20);
+            if now > peak {
+                peak = now;
+                peak_allowed = allowed;
+            }
+            assert!(
+                now <= allowed,
+                "daemon RSS {} MiB over {} MiB (budget {BUDGET_MIB} MiB + {} MiB of segments + 64)",
+                now >> 20,
+                allowed >> 20,
+                segs >> 20
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        killed += 1;
+        assert!(
+            d.child.try_wait().unwrap().is_none(),
+            "statord died during the soak"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in others {
+        t.join().unwrap();
+    }
+    let goods: Vec<Good> = goods.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(d.child.try_wait().unwrap().is_none(), "statord died");
+
+    // Every acknowledged write, in a new session; then every handle.
+    let mut total = 0;
+    for (i, (m, handles, ops)) in goods.iter().enumerate() {
+        total += ops;
+        let mut s = Session::open(&socket, &small(&format!("good-{i}"))).unwrap();
+        let st = ValueState(s.register("v", Kind::Value).unwrap());
+        let verify = |s: &mut Session, m: &BTreeMap<u64, Vec<u8>>, what: &str| {
+            for base in (0..KEYS).step_by(256) {
+                for k in base..(base + 256).min(KEYS) {
+                    s.submit(&st.get(0, &k.to_be_bytes()), k).unwrap();
+                }
+                s.flush().unwrap();
+                let n = ((base + 256).min(KEYS) - base) as usize;
+                collect(s, n, |k, d| {
+                    assert_eq!(d.value.as_ref(), m.get(&k), "good-{i} {what}: key {k}")
+                })
+                .unwrap();
+            }
+        };
+        verify(&mut s, m, "live");
+        for (n, (h, want)) in handles.iter().enumerate() {
+            s.restore(&[h]).unwrap();
+            verify(&mut s, want, &format!("checkpoint {n}"));
+        }
+        s.close().unwrap();
+    }
+    eprintln!(
+        "soak {} s: {total} verified operations by 4 clients, {} scribble rounds, {killed} clients killed, {} limit refusals; peak RSS {} MiB of {} MiB allowed",
+        secs(),
+        scribbles.load(Ordering::Relaxed),
+        refusals.load(Ordering::Relaxed),
+        peak >> 20,
+        peak_allowed >> 20
+    );
+    assert!(
+        killed > 0 && scribbles.load(Ordering::Relaxed) > 0 && refusals.load(Ordering::Relaxed) > 0
+    );
+    d.signal(libc::SIGTERM);
+    assert!(d.wait_exit(Duration::from_secs(30)).success());
+}
