@@ -7,6 +7,7 @@
 
 mod c_abi;
 mod checkpoint;
+mod load;
 mod remote;
 mod report;
 mod ring;
@@ -16,6 +17,11 @@ mod serve;
 mod store;
 
 use clap::{Parser, Subcommand};
+
+/// The daemon process of the serve and load suites runs on the allocator
+/// statord runs on.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +43,8 @@ enum Suite {
     Serve(serve::ServeArgs),
     /// Checkpoint, restore and rescale durations at growing state sizes (vs. RocksDB checkpoints).
     Checkpoint(checkpoint::CheckpointArgs),
+    /// The load test: sessions at full depth for minutes; latency tails and daemon memory per window.
+    Load(load::LoadArgs),
     /// The remote tier's fetcher: random ranged GETs against object storage with injected latency, vs. Little's law.
     Remote(remote::RemoteArgs),
     /// Internal: the peer process of the ring suite.
@@ -55,6 +63,7 @@ fn main() {
         Suite::Serve(a) => serve::run(a),
         Suite::Checkpoint(a) => checkpoint::run(a),
         Suite::Remote(a) => remote::run(a),
+        Suite::Load(a) => load::run(a),
         Suite::Statord(a) => serve::daemon_main(a),
     }
 }

@@ -81,14 +81,14 @@ pub struct DaemonArgs {
     cpu: Option<usize>,
 }
 
-fn pin(cpu: usize) {
+pub(crate) fn pin(cpu: usize) {
     let mut set = nix::sched::CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
     }
 }
 
-fn cores() -> usize {
+pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
@@ -116,13 +116,18 @@ pub fn daemon_main(a: DaemonArgs) {
     d.stop();
 }
 
-struct DaemonProc {
-    child: Child,
-    socket: PathBuf,
+pub(crate) struct DaemonProc {
+    pub(crate) child: Child,
+    pub(crate) socket: PathBuf,
 }
 
 impl DaemonProc {
-    fn start(dir: &Path, budget_mib: u64, memtable_mib: u64, spin_us: u64) -> DaemonProc {
+    pub(crate) fn start(
+        dir: &Path,
+        budget_mib: u64,
+        memtable_mib: u64,
+        spin_us: u64,
+    ) -> DaemonProc {
         let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
         cmd.arg("__statord")
             .arg(dir)
@@ -147,7 +152,7 @@ impl DaemonProc {
     }
 
     /// User + system CPU seconds the daemon has used.
-    fn cpu_seconds(&self) -> f64 {
+    pub(crate) fn cpu_seconds(&self) -> f64 {
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
         let f: Vec<&str> = stat
@@ -180,11 +185,11 @@ impl Drop for DaemonProc {
     }
 }
 
-fn key(i: u64) -> ([u8; 8], u16) {
+pub(crate) fn key(i: u64) -> ([u8; 8], u16) {
     (i.to_be_bytes(), (i % MAX_PARALLELISM) as u16)
 }
 
-fn open(socket: &Path, subtask: u32, sessions: u32) -> (Session, ValueState) {
+pub(crate) fn open(socket: &Path, subtask: u32, sessions: u32) -> (Session, ValueState) {
     let mut o = OpenOptions::new("bench", "serve");
     o.subtask = subtask;
     o.parallelism = sessions;

@@ -18,6 +18,11 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, reload};
 
+/// jemalloc: page-aligned block buffers without glibc memalign's holes
+/// (the daemon's memory stays within its budget; benches/RESULTS.md, load).
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "statord",

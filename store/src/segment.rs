@@ -275,6 +275,10 @@ pub fn is_layer_file_name(name: &str) -> bool {
 
 /// Bytes buffered before a write is issued.
 pub const WRITE_CHUNK: usize = 1 << 20;
+/// Writes a writer keeps in flight at most: a flush or compaction that
+/// produces faster than the disk takes waits, so its buffers stay bounded
+/// (8 MiB) instead of piling up in memory the budget does not see.
+pub const MAX_WRITES_IN_FLIGHT: usize = 8;
 
 /// Streams a segment to disk. Writes complete asynchronously; the owner
 /// routes their completions back with [`SegmentWriter::write_done`].
@@ -534,6 +538,11 @@ impl SegmentWriter {
     /// [`WRITE_CHUNK`] bytes).
     pub fn writes_in_flight(&self) -> usize {
         self.writes_in_flight
+    }
+
+    /// Whether another chunk may be written now ([`MAX_WRITES_IN_FLIGHT`]).
+    pub fn write_room(&self) -> bool {
+        self.writes_in_flight < MAX_WRITES_IN_FLIGHT
     }
 
     /// No write or fsync of this writer is in flight.

@@ -220,11 +220,9 @@ impl<I: Io> Store<I> {
     /// rather than wait.
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
-            && (self
-                .flush
-                .as_ref()
-                .map_or(!self.frozen.is_empty(), |j| !j.syncing)
-                || self.checkpoint_runnable())
+            && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| {
+                !j.syncing && j.writer.write_room()
+            }) || self.checkpoint_runnable())
     }
 
     /// Runs background work until flushes and compactions are finished.

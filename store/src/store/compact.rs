@@ -126,6 +126,10 @@ impl<I: Io> Store<I> {
         let kg_deletes = self.kg_deletes.clone();
         let j = self.compact.as_mut().expect("compaction job");
         for _ in 0..work {
+            // The disk has the writer's buffers: wait for it.
+            if !j.writer.write_room() {
+                return;
+            }
             // Every unfinished input must have its current block loaded.
             if j.cursors.iter_mut().any(|c| matches!(c.at(), At::Waiting)) {
                 return;

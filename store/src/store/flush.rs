@@ -59,8 +59,12 @@ impl<I: Io> Store<I> {
             j.cursors.push(0);
             return;
         }
-        // Phase 2: merge the runs into the writer, `work` records a step.
+        // Phase 2: merge the runs into the writer, `work` records a step
+        // (waiting while the disk has the writer's buffers).
         for _ in 0..work {
+            if !j.writer.write_room() {
+                return;
+            }
             let mut best: Option<usize> = None;
             for (r, run) in j.runs.iter().enumerate() {
                 if let Some(&a) = run.get(j.cursors[r])

@@ -862,7 +862,14 @@ impl<I: Io> Store<I> {
     /// segment metadata.
     pub(super) fn rebalance_cache(&mut self) {
         let m = self.memory();
-        let others = m.memtables + m.indexes_and_filters;
+        // The active memtable grows to its limit before the next rebalance
+        // (at its freeze): the cache leaves room for all of it, so the
+        // memtables, the cache and the indexes together stay in budget.
+        let growth = self
+            .cfg
+            .memtable_bytes()
+            .saturating_sub(self.active.log_bytes());
+        let others = m.memtables + growth + m.indexes_and_filters;
         let left = self.cfg.memory_budget.saturating_sub(others);
         self.cache
             .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
