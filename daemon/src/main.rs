@@ -20,6 +20,7 @@ use tracing_subscriber::{EnvFilter, reload};
 
 /// jemalloc: page-aligned block buffers without glibc memalign's holes
 /// (the daemon's memory stays within its budget; benches/RESULTS.md, load).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
