@@ -389,19 +389,14 @@ impl Gathered {
         }
     }
 
-    fn memory(&self) -> (u64, u64, u64, u64) {
-        self.shards.iter().fold((0, 0, 0, 0), |a, (r, _)| {
-            (
-                a.0 + r.memory.memtables as u64,
-                a.1 + r.memory.block_cache as u64,
-                a.2 + r.memory.indexes_and_filters as u64,
-                a.3 + r.memory.budget as u64,
-            )
-        })
+    fn memory(&self) -> stator_store::MemoryUsage {
+        self.shards
+            .iter()
+            .fold(Default::default(), |a, (r, _)| a.add(r.memory))
     }
 
     fn status_json(&self) -> serde_json::Value {
-        let (mt, bc, ix, budget) = self.memory();
+        let mem = self.memory();
         let now_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -443,13 +438,7 @@ impl Gathered {
                     "requests": requests,
                     "sessions": r.sessions.len(),
                     "in_flight": r.sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
-                    "memory": {
-                        "used_bytes": m.total(),
-                        "budget_bytes": m.budget,
-                        "memtables_bytes": m.memtables,
-                        "block_cache_bytes": m.block_cache,
-                        "indexes_and_filters_bytes": m.indexes_and_filters,
-                    },
+                    "memory": memory_json(m),
                     "store": {
                         "segments": r.store.segments,
                         "segment_bytes": r.store.segment_bytes,
@@ -524,13 +513,7 @@ impl Gathered {
             "max_sessions": self.max_sessions,
             "requests": self.ops.requests.iter().sum::<u64>(),
             "in_flight": sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
-            "memory": {
-                "used_bytes": mt + bc + ix,
-                "budget_bytes": budget,
-                "memtables_bytes": mt,
-                "block_cache_bytes": bc,
-                "indexes_and_filters_bytes": ix,
-            },
+            "memory": memory_json(&mem),
             "disk": {
                 "data_dir": self.data_dir.display().to_string(),
                 "used_bytes": self.data_dir_bytes,
@@ -551,6 +534,18 @@ impl Gathered {
 }
 
 type Fmt = std::fmt::Result;
+
+/// A store's memory (or all stores'), as `/status` shows it.
+fn memory_json(m: &stator_store::MemoryUsage) -> serde_json::Value {
+    json!({
+        "used_bytes": m.total(),
+        "budget_bytes": m.budget,
+        "memtables_bytes": m.memtables,
+        "block_cache_bytes": m.block_cache,
+        "indexes_and_filters_bytes": m.indexes_and_filters,
+        "background_bytes": m.background,
+    })
+}
 
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> Fmt {
     e.encode_descriptor(name, help, None, MetricType::Gauge)?
@@ -826,7 +821,7 @@ impl Collector for Gathered {
             m.encode_family(&[("queue", "completion")])?
                 .encode_gauge(&cq)?;
         }
-        let (mt, bc, ix, budget) = self.memory();
+        let mem = self.memory();
         {
             let mut m = e.encode_descriptor(
                 "memory_bytes",
@@ -835,10 +830,12 @@ impl Collector for Gathered {
                 MetricType::Gauge,
             )?;
             for (part, v) in [
-                ("memtables", mt),
-                ("block_cache", bc),
-                ("indexes_and_filters", ix),
+                ("memtables", mem.memtables),
+                ("block_cache", mem.block_cache),
+                ("indexes_and_filters", mem.indexes_and_filters),
+                ("background", mem.background),
             ] {
+                let v = v as u64;
                 m.encode_family(&[("part", part)])?.encode_gauge(&v)?;
             }
         }
@@ -846,7 +843,7 @@ impl Collector for Gathered {
             &mut e,
             "memory_budget_bytes",
             "The stores' memory budget (memory_budget_mib)",
-            budget as f64,
+            mem.budget as f64,
         )?;
         let sum = |f: &dyn Fn(&ShardReport) -> u64| -> u64 {
             self.shards.iter().map(|(r, _)| f(r)).sum()

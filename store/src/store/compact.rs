@@ -69,6 +69,10 @@ impl<I: Io> Store<I> {
             .iter()
             .map(|s| Cursor::new(s.clone(), COMPACT_READ_BLOCKS, 1))
             .collect();
+        let reserve = inputs
+            .iter()
+            .map(|s| s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
+            .sum();
         self.compact = Some(CompactJob {
             inputs,
             cursors,
@@ -79,7 +83,9 @@ impl<I: Io> Store<I> {
             error: None,
             scratch: Vec::new(),
             serial,
+            reserve,
         });
+        self.rebalance_cache();
     }
 
     pub(super) fn issue_compact_reads(&mut self) {
@@ -272,5 +278,6 @@ impl<I: Io> Store<I> {
             }
         }
         self.background_failed(e);
+        self.rebalance_cache();
     }
 }

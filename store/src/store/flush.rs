@@ -38,6 +38,7 @@ impl<I: Io> Store<I> {
             scratch: Vec::new(),
             serial,
         });
+        self.rebalance_cache();
     }
 
     pub(super) fn step_flush(&mut self) {
@@ -146,5 +147,6 @@ impl<I: Io> Store<I> {
         }
         self.fail_flush_waiters(&e);
         self.background_failed(e);
+        self.rebalance_cache();
     }
 }

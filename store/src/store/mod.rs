@@ -106,12 +106,26 @@ pub struct MemoryUsage {
     pub memtables: usize,
     pub block_cache: usize,
     pub indexes_and_filters: usize,
+    /// Held by a flush or compaction in progress: write buffers, read-ahead,
+    /// the output's index and filter as they grow (an upper estimate).
+    pub background: usize,
     pub budget: usize,
 }
 
 impl MemoryUsage {
     pub fn total(&self) -> usize {
-        self.memtables + self.block_cache + self.indexes_and_filters
+        self.memtables + self.block_cache + self.indexes_and_filters + self.background
+    }
+
+    /// The sum of two stores' usage.
+    pub fn add(self, o: MemoryUsage) -> MemoryUsage {
+        MemoryUsage {
+            memtables: self.memtables + o.memtables,
+            block_cache: self.block_cache + o.block_cache,
+            indexes_and_filters: self.indexes_and_filters + o.indexes_and_filters,
+            background: self.background + o.background,
+            budget: self.budget + o.budget,
+        }
     }
 }
 
@@ -299,6 +313,9 @@ struct CompactJob {
     scratch: Vec<u8>,
     /// As `FlushJob::serial` (12 bits in read tokens).
     serial: u64,
+    /// Memory its read-ahead and its output's index and filter may take
+    /// (the inputs' together), reserved from the block cache.
+    reserve: usize,
 }
 
 /// Blocks of read-ahead per compaction input.
@@ -804,8 +821,17 @@ impl<I: Io> Store<I> {
                     .sum::<usize>(),
             block_cache: self.cache.bytes(),
             indexes_and_filters: self.segments.iter().map(|s| s.memory_bytes()).sum(),
+            background: self.background_bytes(),
             budget: self.cfg.memory_budget,
         }
+    }
+
+    /// What a flush or compaction in progress may hold (see
+    /// [`MemoryUsage::background`]).
+    fn background_bytes(&self) -> usize {
+        let writer = (segment::MAX_WRITES_IN_FLIGHT + 1) * (segment::WRITE_CHUNK + 64 * 1024);
+        let flush = if self.flush.is_some() { writer } else { 0 };
+        flush + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
     }
 
     /// Counters.
@@ -869,7 +895,7 @@ impl<I: Io> Store<I> {
             .cfg
             .memtable_bytes()
             .saturating_sub(self.active.log_bytes());
-        let others = m.memtables + growth + m.indexes_and_filters;
+        let others = m.memtables + growth + m.indexes_and_filters + m.background;
         let left = self.cfg.memory_budget.saturating_sub(others);
         self.cache
             .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
