@@ -14,7 +14,7 @@
 //! checkpoint handle restores exactly; the daemon's resident memory stays
 //! within its budget (its own memory; session segments are shared).
 //!
-//! It runs 15 s in `cargo test`; `STATOR_SOAK_SECS=600 cargo test --release
+//! It runs 15 s in `cargo test`; `STATOR_SOAK_SECS=600 cargo test
 //! -p statord --test e2e_soak -- --nocapture` is the long run
 //! (RELIABILITY.md).
 
