@@ -392,7 +392,7 @@ impl Gathered {
     fn memory(&self) -> stator_store::MemoryUsage {
         self.shards
             .iter()
-            .fold(Default::default(), |a, (r, _)| a.add(r.memory))
+            .fold(Default::default(), |a, (r, _)| a + r.memory)
     }
 
     fn status_json(&self) -> serde_json::Value {

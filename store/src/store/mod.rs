@@ -116,9 +116,13 @@ impl MemoryUsage {
     pub fn total(&self) -> usize {
         self.memtables + self.block_cache + self.indexes_and_filters + self.background
     }
+}
 
-    /// The sum of two stores' usage.
-    pub fn add(self, o: MemoryUsage) -> MemoryUsage {
+/// The sum of two stores' usage.
+impl std::ops::Add for MemoryUsage {
+    type Output = MemoryUsage;
+
+    fn add(self, o: MemoryUsage) -> MemoryUsage {
         MemoryUsage {
             memtables: self.memtables + o.memtables,
             block_cache: self.block_cache + o.block_cache,
