@@ -160,12 +160,12 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
     // and changes nothing.
     let r = as_uid(1000, &sock, &format!("restore job-a {hb}"));
     assert!(
-        r.starts_with("refused"),
+        r.starts_with("refused") && r.contains("belongs to another job"),
         "job-b's handle restored into job-a: {r}"
     );
     let r = as_uid(1001, &sock, &format!("restore job-b {ha}"));
     assert!(
-        r.starts_with("refused"),
+        r.starts_with("refused") && r.contains("belongs to another job"),
         "job-a's handle restored into job-b: {r}"
     );
     assert_eq!(as_uid(1000, &sock, "get job-a"), "ok from-a");
@@ -191,6 +191,14 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
     assert_eq!(got.value.as_deref(), Some(&b"from-b"[..]));
     s.close().unwrap();
     assert_eq!(as_uid(1001, &sock, "get job-b"), "ok from-b");
+    // A job root made (an import) has state and no owner: no tenant may
+    // take it by opening it first.
+    let mut s = Session::open(&d.socket, &opts("job-r", 0, 1)).unwrap();
+    let st = ValueState(s.register("v", Kind::Value).unwrap());
+    run(&mut s, &st.put(kg(7), &7u64.to_be_bytes(), b"root's")).unwrap();
+    s.close().unwrap();
+    let r = as_uid(1000, &sock, "get job-r");
+    assert!(r.contains("no owning uid"), "uid 1000 took job-r: {r}");
     let jobs = std::fs::read_to_string(tmp.path().join("data/jobs.json")).unwrap();
     assert!(
         jobs.contains("\"job-a\": 1000") && jobs.contains("\"job-b\": 1001"),

@@ -72,9 +72,14 @@ impl Registry {
     }
 
     /// Lets `uid` open a session of `job`: a job belongs to the first uid
-    /// that opens it (durably); another uid is refused. Root and statord's
-    /// own uid may open any job (statorctl's exports and imports) and
-    /// claim none.
+    /// that opens it (durably); another uid is refused. A job that already
+    /// has state but no owner (imported by root, or from before owners were
+    /// kept) is refused too: the first comer must not take another's state;
+    /// the operator names its uid in `jobs.json`. Root and statord's own
+    /// uid may open any job and claim none (statorctl's exports and
+    /// imports). A claim stays even if the open then fails (a limit): the
+    /// uid asked for the job, and undoing it could race another of its
+    /// subtasks opening at the same moment.
     pub fn claim(&mut self, job: &str, uid: u32) -> Result<(), Refusal> {
         if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
             return Ok(());
@@ -87,6 +92,16 @@ impl Registry {
                     "job `{job}` belongs to uid {owner}, not {uid} (the first uid to open it; jobs.json in the data directory)"
                 ),
             )),
+            None if self.entries.iter().any(|e| e.job == job) => Err((
+                status::DENIED,
+                format!(
+                    "job `{job}` has state but no owning uid; the operator assigns it in jobs.json in the data directory (\"{job}\": {uid})"
+                ),
+            )),
+            None if self.jobs.len() >= MAX_REGISTERED => Err((
+                status::LIMIT,
+                format!("{MAX_REGISTERED} jobs are claimed on this daemon"),
+            )),
             None => {
                 self.jobs.insert(job.to_string(), uid);
                 if let Err(e) = save_json(&self.jobs_path, &self.jobs) {
@@ -97,11 +112,6 @@ impl Registry {
                 Ok(())
             }
         }
-    }
-
-    /// The uid a job belongs to, if claimed.
-    pub fn job_uid(&self, job: &str) -> Option<u32> {
-        self.jobs.get(job).copied()
     }
 
     /// The store-wide id of a state, registering it (durably) if new.
@@ -747,4 +757,41 @@ fn close(ctx: &Ctx, o: &Open) {
     }
     ctx.sessions.fetch_sub(1, Ordering::AcqRel);
     tracing::info!(session = o.id, "session closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_belongs_to_its_first_uid_and_unowned_state_is_not_up_for_grabs() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        // Root (these tests' uid, statord's own) opens anything, claims nothing.
+        let root = nix::unistd::geteuid().as_raw();
+        r.claim("a", root).unwrap();
+        r.claim("a", 1000).unwrap();
+        r.claim("a", 1000).unwrap();
+        let (st, m) = r.claim("a", 1001).unwrap_err();
+        assert_eq!(st, status::DENIED);
+        assert!(m.contains("belongs to uid 1000"), "{m}");
+        r.claim("a", root).unwrap();
+        // A job with state and no owner (root imported it): nobody's to take.
+        r.register("imported", "op", "v", kind::VALUE).unwrap();
+        let (st, m) = r.claim("imported", 1000).unwrap_err();
+        assert_eq!(st, status::DENIED);
+        assert!(m.contains("no owning uid"), "{m}");
+        // Durable, and an operator's assignment in jobs.json is honoured.
+        drop(r);
+        let jobs = d.path().join("jobs.json");
+        let mut owners: std::collections::BTreeMap<String, u32> =
+            serde_json::from_slice(&std::fs::read(&jobs).unwrap()).unwrap();
+        assert_eq!(owners.get("a"), Some(&1000));
+        owners.insert("imported".into(), 1001);
+        std::fs::write(&jobs, serde_json::to_vec(&owners).unwrap()).unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        assert_eq!(r.claim("a", 1001).unwrap_err().0, status::DENIED);
+        r.claim("imported", 1001).unwrap();
+        assert_eq!(r.claim("imported", 1000).unwrap_err().0, status::DENIED);
+    }
 }

@@ -940,7 +940,7 @@ impl Collector for Gathered {
         counter(
             &mut e,
             "background_failures",
-            "Flush, compaction and checkpoint-file failures since start, retried or not",
+            "Flush and compaction failures since start, retried or not",
             self.shards
                 .iter()
                 .map(|(r, _)| r.store.background_failures)

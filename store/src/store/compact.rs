@@ -71,7 +71,11 @@ impl<I: Io> Store<I> {
             .collect();
         let reserve = inputs
             .iter()
-            .map(|s| s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
+            .map(|s| {
+                2 * s.memory_bytes()
+                    + s.footer.records as usize * 8
+                    + COMPACT_READ_BLOCKS * crate::aligned::ALIGN
+            })
             .sum();
         self.compact = Some(CompactJob {
             inputs,

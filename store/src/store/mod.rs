@@ -832,9 +832,14 @@ impl<I: Io> Store<I> {
 
     /// What a flush or compaction in progress may hold (see
     /// [`MemoryUsage::background`]).
+    /// Per job: its write buffers (in flight, one filling, the tail), a
+    /// filter hash per record (the writer keeps them until the filter is
+    /// built); for a flush its sort (two addresses per record), for a
+    /// compaction its read-ahead and its output's index and filter, twice
+    /// (as built, and as encoded by `finish`).
     fn background_bytes(&self) -> usize {
-        let writer = (segment::MAX_WRITES_IN_FLIGHT + 1) * (segment::WRITE_CHUNK + 64 * 1024);
-        let flush = if self.flush.is_some() { writer } else { 0 };
+        let writer = (segment::MAX_WRITES_IN_FLIGHT + 2) * (segment::WRITE_CHUNK + 64 * 1024);
+        let flush = self.flush.as_ref().map_or(0, |j| writer + j.mem.len() * 24);
         flush + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
     }
 
