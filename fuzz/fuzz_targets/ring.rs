@@ -14,6 +14,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
+use stator_fuzz::Script;
 use stator_ring::cqe::Cqe;
 use stator_ring::header::RingParams;
 use stator_ring::{ClientRing, DaemonRing, RingLayout};
@@ -33,33 +34,6 @@ fn segment() -> &'static Segment {
         let len = RingLayout::new(PARAMS).expect("a valid layout").total_len;
         Segment::create(c"stator-fuzz-ring", len).expect("a memfd segment")
     })
-}
-
-/// Reads the script.
-struct Script<'a>(&'a [u8]);
-
-impl Script<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes([self.u8()?, self.u8()?]))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes([
-            self.u8()?,
-            self.u8()?,
-            self.u8()?,
-            self.u8()?,
-        ]))
-    }
-    fn bytes(&mut self, n: usize) -> Option<&[u8]> {
-        let (b, rest) = self.0.split_at_checked(n)?;
-        self.0 = rest;
-        Some(b)
-    }
 }
 
 fuzz_target!(|data: &[u8]| {

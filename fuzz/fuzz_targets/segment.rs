@@ -13,39 +13,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use stator_fuzz::Script;
 use stator_store::aligned::ALIGN;
 use stator_store::bloom;
 use stator_store::format::{self, BLOCK_HEADER, BlockIndex, BlockView, FOOTER_LEN, Footer};
 use stator_store::ops;
 use stator_store::segment::Segment;
-
-struct Script<'a>(&'a [u8]);
-
-impl<'a> Script<'a> {
-    fn u8(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from_le_bytes([self.u8()?, self.u8()?]))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes([
-            self.u8()?,
-            self.u8()?,
-            self.u8()?,
-            self.u8()?,
-        ]))
-    }
-    /// A `u16` length, then up to that many bytes.
-    fn sized(&mut self) -> &'a [u8] {
-        let n = self.u16().unwrap_or(0) as usize;
-        let (b, rest) = self.0.split_at(n.min(self.0.len()));
-        self.0 = rest;
-        b
-    }
-}
 
 /// A file from the recipe.
 fn build(s: &mut Script<'_>) -> Vec<u8> {

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::s3::{Server, s3, slow_proxy};
+use common::s3::{Server, s3, slow_proxy, throttling_proxy};
 use common::{Owned, checkpoint, run, settle_fully};
 use stator_store::io::UringIo;
 use stator_store::remote::{Remote, RemoteConfig, RemoteDone, RemoteRuntime, Target, object_store};
@@ -582,6 +582,131 @@ fn a_slow_server_is_waited_for() {
     assert_eq!(stats.retries.load(Relaxed), 0);
     assert_eq!(stats.errors.load(Relaxed), 0);
     assert!(s.stats().remote.unwrap().remote_block_reads > 0);
+}
+
+/// A tiered store and its remote's counters.
+type Through = (
+    Store<UringIo>,
+    std::sync::Arc<stator_store::remote::RemoteStats>,
+);
+
+/// A tiered store over a remote reached through `port`, with `retries` and
+/// a per-attempt `timeout`; its remote's counters.
+fn tiered_through(
+    dir: &Path,
+    port: u16,
+    prefix: &str,
+    retries: u32,
+    timeout: Duration,
+) -> Result<Through, StoreError> {
+    let mut cfg = RemoteConfig::new(s3(port));
+    cfg.prefix = prefix.into();
+    cfg.retries = retries;
+    cfg.backoff = Duration::from_millis(10);
+    cfg.timeout = timeout;
+    cfg.max_in_flight = 32;
+    let r = Remote::new(object_store(&cfg).unwrap(), cfg, rt().handle()).unwrap();
+    let stats = r.stats();
+    let mut scfg = StoreConfig::new(dir, 16 << 20);
+    scfg.memtable_bytes = Some(1 << 20);
+    let (s, _) = Store::open_tiered(
+        scfg,
+        UringIo::new(256, true).unwrap(),
+        r,
+        TierConfig::new(None),
+    )?;
+    Ok((s, stats))
+}
+
+/// A server that throttles (503 Slow Down on every other new connection):
+/// uploads, the restore on an empty disk and its remote reads all succeed
+/// through retries, which are counted, and the data is exact.
+#[test]
+fn throttling_is_retried_counted_and_loses_nothing() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let proxy = throttling_proxy(server.port, 2);
+    // Upload through it.
+    let (mut s, up) = tiered_through(
+        &tmp.path().join("a"),
+        proxy,
+        "thr",
+        8,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    put_all(&mut s, 4);
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    settle_fully(&mut s);
+    drop(s);
+    // Restore through it on an empty disk.
+    let (mut s, down) = tiered_through(
+        &tmp.path().join("b"),
+        proxy,
+        "thr",
+        8,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
+    check_all(&mut s, 4, 0, KGS - 1);
+    assert!(s.stats().remote.unwrap().remote_block_reads > 0);
+    let retried = up.retries.load(Relaxed) + down.retries.load(Relaxed);
+    assert!(retried > 0, "no request met a 503: the test proved nothing");
+    assert_eq!(up.errors.load(Relaxed) + down.errors.load(Relaxed), 0);
+}
+
+/// A server slower than the timeout: opening the tier over it fails with
+/// an error that says so, after its retries (the store will not guess
+/// what the remote holds), and creates nothing; the checkpoint then
+/// restores exactly from a server that answers.
+#[test]
+fn a_server_slower_than_the_timeout_fails_clearly_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let h = checkpointed(&tmp.path().join("a"), &s3(server.port), "late", 5);
+    let slow = slow_proxy(server.port, Duration::from_millis(700));
+    let b = tmp.path().join("b");
+    let t0 = Instant::now();
+    let Err(e) = tiered_through(&b, slow, "late", 1, Duration::from_millis(200)) else {
+        panic!("a tier that cannot answer within its timeout opened");
+    };
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Remote(_)), "{e:?}");
+    // Our deadline or the HTTP client's (both the per-attempt timeout)
+    // ends each attempt: either way the error names the attempts.
+    assert!(
+        msg.contains("LIST") && msg.contains("after 2 attempt(s)"),
+        "{msg}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the timeout bounds the wait"
+    );
+    let left: Vec<_> = std::fs::read_dir(&b)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.iter()
+            .all(|n| !n.to_string_lossy().ends_with(".manifest")),
+        "{left:?}"
+    );
+    let (mut s, _) = tiered_through(
+        &tmp.path().join("c"),
+        server.port,
+        "late",
+        1,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap();
+    check_all(&mut s, 5, 0, KGS - 1);
 }
 
 /// The same block corrupt locally and remotely: the gets that need it fail

@@ -125,3 +125,48 @@ pub fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
     });
     port
 }
+
+/// A proxy to `upstream` on loopback that answers every `every`-th
+/// connection's first request with `503 Slow Down` and closes it (as S3
+/// does when it throttles), and passes the others through: HTTP errors a
+/// client must retry.
+pub fn throttling_proxy(upstream: u16, every: usize) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for (n, c) in l.incoming().enumerate() {
+            let Ok(mut c) = c else { continue };
+            if n % every == every - 1 {
+                std::thread::spawn(move || {
+                    // Read the request head, then refuse it.
+                    let mut head = Vec::new();
+                    let mut b = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut b) {
+                            Ok(0) | Err(_) => return,
+                            Ok(k) => head.extend_from_slice(&b[..k]),
+                        }
+                    }
+                    let body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+                    let _ = write!(
+                        c,
+                        "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = c.shutdown(std::net::Shutdown::Both);
+                });
+                continue;
+            }
+            let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            for (mut from, mut to) in [(c.try_clone().unwrap(), u.try_clone().unwrap()), (u, c)] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    port
+}
