@@ -22,6 +22,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -201,8 +202,9 @@ fn good_client(socket: &std::path::Path, i: u64, stop: &AtomicBool, opened: &Bar
     (m, handles, ops)
 }
 
-/// A raw session of a hostile job, to scribble on.
-fn raw_session(socket: &std::path::Path, job: &str) -> Option<(UnixStream, Segment, OwnedFd3)> {
+/// A raw session of a hostile job, to scribble on: its connection, its
+/// segment and the doorbell that wakes the daemon.
+fn raw_session(socket: &std::path::Path, job: &str) -> Option<(UnixStream, Segment, OwnedFd)> {
     let mut sock = UnixStream::connect(socket).ok()?;
     let mut f = Vec::new();
     Ctl::Open {
@@ -224,7 +226,8 @@ fn raw_session(socket: &std::path::Path, job: &str) -> Option<(UnixStream, Segme
     if fds.len() != 3 {
         return None;
     }
-    let to_client = fds.pop()?;
+    // The daemon's doorbell to us is never waited on: dropped.
+    fds.pop()?;
     let to_daemon = fds.pop()?;
     let seg = Segment::attach(fds.pop()?).ok()?;
     Ctl::Register {
@@ -233,20 +236,13 @@ fn raw_session(socket: &std::path::Path, job: &str) -> Option<(UnixStream, Segme
     }
     .encode(&mut f);
     sock.write_all(&f).ok()?;
-    Some((sock, seg, OwnedFd3(to_daemon, to_client)))
+    Some((sock, seg, to_daemon))
 }
-
-/// The session's doorbells: to the daemon (rung), to the client (kept
-/// open, unread).
-struct OwnedFd3(
-    std::os::fd::OwnedFd,
-    #[allow(dead_code)] std::os::fd::OwnedFd,
-);
 
 fn scribbler(socket: &std::path::Path, i: u64, stop: &AtomicBool, rounds: &AtomicU64) {
     let mut r = Rng(0xdead_beef + i);
     while !stop.load(Ordering::Relaxed) {
-        let Some((sock, seg, fds)) = raw_session(socket, &format!("hostile-{i}")) else {
+        let Some((sock, seg, bell)) = raw_session(socket, &format!("hostile-{i}")) else {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         };
@@ -264,7 +260,7 @@ fn scribbler(socket: &std::path::Path, i: u64, stop: &AtomicBool, rounds: &Atomi
                 *b = r.next() as u8;
             }
             view.write_from(0, &junk[..n]).unwrap();
-            let _ = nix::unistd::write(&fds.0, &1u64.to_ne_bytes());
+            let _ = nix::unistd::write(&bell, &1u64.to_ne_bytes());
             std::thread::sleep(Duration::from_millis(r.below(5)));
             rounds.fetch_add(1, Ordering::Relaxed);
         }

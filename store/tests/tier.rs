@@ -555,20 +555,12 @@ fn a_slow_server_is_waited_for() {
     let h = checkpointed(&tmp.path().join("a"), &s3(server.port), "slow", 6);
 
     let slow = slow_proxy(server.port, Duration::from_millis(300));
-    let mut cfg = RemoteConfig::new(s3(slow));
-    cfg.prefix = "slow".into();
-    cfg.retries = 0;
-    cfg.timeout = Duration::from_secs(3);
-    cfg.max_in_flight = 32;
-    let r = Remote::new(object_store(&cfg).unwrap(), cfg, rt().handle()).unwrap();
-    let stats = r.stats();
-    let mut scfg = StoreConfig::new(tmp.path().join("b"), 16 << 20);
-    scfg.memtable_bytes = Some(1 << 20);
-    let (mut s, _) = Store::open_tiered(
-        scfg,
-        UringIo::new(256, true).unwrap(),
-        r,
-        TierConfig::new(None),
+    let (mut s, stats) = tiered_through(
+        &tmp.path().join("b"),
+        slow,
+        "slow",
+        0,
+        Duration::from_secs(3),
     )
     .unwrap();
     let t0 = Instant::now();
