@@ -4,14 +4,16 @@
 //! directory restores it and rescales it (two subtasks) reading lazily;
 //! the server stopped: a checkpoint fails with `REMOTE`, the session keeps
 //! serving; restarted: the next checkpoint succeeds and restores exactly on
-//! another empty disk. `/metrics` shows the tier.
+//! another empty disk. `/metrics` shows the tier. statord SIGKILLed while
+//! an upload hangs: every handle it returned restores exactly after a
+//! restart, and the unacknowledged checkpoint's state appears nowhere.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::s3::{BUCKET, KEY, SECRET, Server};
+use common::s3::{BUCKET, Fault, KEY, Proxy, SECRET, Server};
 use common::{Daemon, collect, opts, run};
 use stator_client::keygroup::{java_long_hash, key_group_for_hash};
 use stator_client::{Kind, Notify, Request, Session, Status, ValueState};
@@ -200,4 +202,66 @@ fn checkpoints_restore_and_rescale_through_the_remote_tier() {
     all.extend(late);
     check(&mut s, st, &all, "restored after the outage");
     drop(server);
+}
+
+/// statord SIGKILLed while a checkpoint's upload hangs on the wire: that
+/// checkpoint was never acknowledged. Restarted on the same data directory,
+/// every handle returned before restores exactly (not the newer state),
+/// and the next checkpoint uploads what it needs and restores exactly on an
+/// empty disk.
+#[test]
+fn sigkill_during_an_upload_loses_no_returned_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let proxy = Proxy::start(server.port, Fault::None);
+    let cfg = config(tmp.path(), proxy.port);
+    let extra = ["--config", cfg.as_str()];
+    let want: BTreeMap<u64, u64> = (0..KEYS).map(|k| (k, k * 7 + 1)).collect();
+    let newer: BTreeMap<u64, u64> = (0..KEYS).map(|k| (k, k * 7 + 2)).collect();
+
+    let a_dir = tmp.path().join("a");
+    let mut a = Daemon::start_in(&a_dir, 64, &extra);
+    let (mut s, st) = open(&a, 0, 1);
+    put_all(&mut s, st, &want);
+    let h1 = checkpoint(&mut s, 1).unwrap();
+    notify(&mut s, 1);
+    put_all(&mut s, st, &newer);
+    // The server takes the upload's bytes and never answers.
+    proxy.set(Fault::Stall);
+    let pending = std::thread::spawn(move || {
+        let r = run(&mut s, &Request::checkpoint(2));
+        drop(s);
+        r.map(|d| d.status)
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metric(&metrics(&a), "stator_remote_uploads_pending") == 0.0 {
+        assert!(std::time::Instant::now() < deadline, "no upload started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    a.signal(libc::SIGKILL);
+    a.wait_exit(std::time::Duration::from_secs(10));
+    let r = pending.join().unwrap();
+    assert!(
+        !matches!(r, Ok(Ok(Status::Ok))),
+        "a checkpoint acknowledged across a SIGKILL: {r:?}"
+    );
+    proxy.set(Fault::None);
+
+    // Restarted on the same directory: checkpoint 1 is exactly as returned.
+    let a = Daemon::start_in(&a_dir, 64, &extra);
+    let (mut s, st) = open(&a, 0, 1);
+    s.restore(&[&h1]).unwrap();
+    check(&mut s, st, &want, "restored after SIGKILL");
+    let h3 = checkpoint(&mut s, 3).unwrap();
+    notify(&mut s, 3);
+    drop(s);
+    drop(a);
+
+    // An empty disk restores checkpoint 3 (= checkpoint 1's state).
+    let b = Daemon::start_in(&tmp.path().join("b"), 64, &extra);
+    let (mut s, st) = open(&b, 0, 1);
+    s.restore(&[&h3]).unwrap();
+    check(&mut s, st, &want, "checkpoint 3 on an empty disk");
 }

@@ -48,6 +48,9 @@ pub mod status {
     /// A restore was refused (unknown, altered or foreign handle, another
     /// job's checkpoint, overlapping checkpoints); nothing changed.
     pub const RESTORE_REFUSED: i32 = -9;
+    /// A restore needed the remote tier, which did not answer within its
+    /// retries; nothing changed, and the same restore may succeed later.
+    pub const REMOTE: i32 = -10;
 }
 
 /// State kinds on the wire.

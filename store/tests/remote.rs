@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::s3::{Server, s3, slow_proxy};
+use common::s3::{Fault, Proxy, Server, s3};
 
 use stator_store::remote::{
     Remote, RemoteConfig, RemoteDone, RemoteError, RemoteRuntime, Target, object_store,
@@ -237,7 +237,7 @@ fn a_slow_server_is_waited_for_within_the_timeout() {
     direct.upload_file(1, "z.sst", tmp.path().join("z.sst"));
     assert!(matches!(drain(&mut direct)[0].1, Ok(RemoteDone::Uploaded)));
 
-    let slow = slow_proxy(server.port, Duration::from_millis(300));
+    let slow = Proxy::start(server.port, Fault::Delay(Duration::from_millis(300))).port;
     let mut r = client(&rt, s3(slow), |c| {
         c.timeout = Duration::from_secs(3);
         c.retries = 0;

@@ -720,6 +720,15 @@ impl<I: Io> Store<I> {
                 "segment {n} is not on the local disk and the remote tier cannot supply it: {what}"
             ))
         };
+        // A missing object refuses the restore; a remote that fails to
+        // answer fails it as a remote error (the same restore may succeed
+        // later).
+        let fetch_failed = |n: &str, e: RemoteError| match e {
+            RemoteError::NotFound { .. } => refuse(n, e.to_string()),
+            e => StoreError::Remote(format!(
+                "segment {n} is not on the local disk and fetching its metadata failed: {e}"
+            )),
+        };
         let fetched = dir.join(FETCHED_DIR);
         std::fs::create_dir_all(&fetched).map_err(|e| StoreError::io(&fetched, "create", &e))?;
         let mut pages = Vec::new();
@@ -734,7 +743,7 @@ impl<I: Io> Store<I> {
         let mut metas = Vec::new();
         let mut parsed = Vec::new();
         for ((n, len), got) in missing.iter().zip(footers) {
-            let page = got.map_err(|e| refuse(n, e.to_string()))?;
+            let page = got.map_err(|e| fetch_failed(n, e))?;
             let footer = format::Footer::decode(&page, *len).map_err(|m| StoreError::Corrupt {
                 path: format!("remote:{n}"),
                 offset: *len - ALIGN as u64,
@@ -748,7 +757,7 @@ impl<I: Io> Store<I> {
         for ((((n, len), meta), (page, meta_off)), _) in
             missing.iter().zip(got).zip(parsed).zip(&metas)
         {
-            let meta = meta.map_err(|e| refuse(n, e.to_string()))?;
+            let meta = meta.map_err(|e| fetch_failed(n, e))?;
             let path = fetched.join(n);
             write_durably(
                 &path,

@@ -89,84 +89,162 @@ pub fn s3(port: u16) -> Target {
     }
 }
 
-/// A TCP proxy that holds every chunk from the client for `delay` before
-/// passing it on (each request is late by at least that much).
-pub fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(c) = c else { continue };
-            let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            let pipe = |mut from: TcpStream, mut to: TcpStream, delay: Option<Duration>| {
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 << 10];
-                    loop {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if let Some(d) = delay {
-                                    std::thread::sleep(d);
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Write);
-                });
-            };
-            pipe(c.try_clone().unwrap(), u.try_clone().unwrap(), Some(delay));
-            pipe(u, c, None);
-        }
-    });
-    port
+/// What a [`Proxy`] does to the traffic it carries, from the moment it is
+/// set (connections already open included: the HTTP client pools them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(dead_code)] // each test binary uses some
+pub enum Fault {
+    /// Pass everything through.
+    None,
+    /// Hold every chunk from the client this long before passing it on
+    /// (each request is late by at least that much).
+    Delay(Duration),
+    /// Answer every `n`-th new connection's first request with
+    /// `503 Slow Down` and close it, as S3 does when it throttles: an HTTP
+    /// error a client must retry.
+    Throttle(usize),
+    /// Pass at most this many bytes of the next response chunk, then reset
+    /// the connection (TCP RST): a response cut partway.
+    ResetResponse(usize),
+    /// Reset a connection once it has carried more than this many request
+    /// bytes since the fault was set: a large upload cut partway, small
+    /// requests untouched.
+    ResetRequestAfter(usize),
+    /// Swallow what the client sends and never answer: a server that hangs
+    /// (the client's timeout must end it).
+    Stall,
 }
 
-/// A proxy to `upstream` on loopback that answers every `every`-th
-/// connection's first request with `503 Slow Down` and closes it (as S3
-/// does when it throttles), and passes the others through: HTTP errors a
-/// client must retry.
-pub fn throttling_proxy(upstream: u16, every: usize) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for (n, c) in l.incoming().enumerate() {
-            let Ok(mut c) = c else { continue };
-            if n % every == every - 1 {
-                std::thread::spawn(move || {
-                    // Read the request head, then refuse it.
-                    let mut head = Vec::new();
-                    let mut b = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match c.read(&mut b) {
-                            Ok(0) | Err(_) => return,
-                            Ok(k) => head.extend_from_slice(&b[..k]),
-                        }
-                    }
-                    let body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
-                    let _ = write!(
-                        c,
-                        "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = c.shutdown(std::net::Shutdown::Both);
-                });
-                continue;
+/// A TCP proxy on loopback in front of `upstream` that injects [`Fault`]s.
+pub struct Proxy {
+    pub port: u16,
+    /// The fault, and a generation bumped at each change (byte counts of
+    /// [`Fault::ResetRequestAfter`] start again at each).
+    fault: std::sync::Arc<std::sync::Mutex<(Fault, u64)>>,
+}
+
+impl Proxy {
+    pub fn start(upstream: u16, fault: Fault) -> Proxy {
+        use std::sync::{Arc, Mutex};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let shared = Arc::new(Mutex::new((fault, 0u64)));
+        let state = shared.clone();
+        std::thread::spawn(move || {
+            for (n, c) in l.incoming().enumerate() {
+                let Ok(c) = c else { continue };
+                if let (Fault::Throttle(every), _) = *state.lock().unwrap()
+                    && n % every == every - 1
+                {
+                    std::thread::spawn(move || refuse_slow_down(c));
+                    continue;
+                }
+                let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
+                let (s1, s2) = (state.clone(), state.clone());
+                std::thread::spawn(move || pipe(c2, u2, true, s1));
+                std::thread::spawn(move || pipe(u, c, false, s2));
             }
-            let Ok(u) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                continue;
-            };
-            for (mut from, mut to) in [(c.try_clone().unwrap(), u.try_clone().unwrap()), (u, c)] {
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from, &mut to);
-                    let _ = to.shutdown(std::net::Shutdown::Write);
-                });
-            }
+        });
+        Proxy {
+            port,
+            fault: shared,
         }
-    });
-    port
+    }
+
+    /// Injects `f` from now on.
+    #[allow(dead_code)]
+    pub fn set(&self, f: Fault) {
+        let mut g = self.fault.lock().unwrap();
+        *g = (f, g.1 + 1);
+    }
+}
+
+/// Copies `from` to `to` (`up`: client to server), applying the fault
+/// current at each chunk.
+fn pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    up: bool,
+    state: std::sync::Arc<std::sync::Mutex<(Fault, u64)>>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut generation, mut sent) = (u64::MAX, 0usize);
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let (fault, g) = *state.lock().unwrap();
+        if g != generation {
+            (generation, sent) = (g, 0);
+        }
+        let pass = match (fault, up) {
+            (Fault::Delay(d), true) => {
+                std::thread::sleep(d);
+                n
+            }
+            (Fault::Stall, true) => 0,
+            (Fault::ResetResponse(k), false) => {
+                let _ = to.write_all(&buf[..k.min(n)]);
+                return reset(&from, &to);
+            }
+            (Fault::ResetRequestAfter(k), true) => {
+                sent += n;
+                if sent > k {
+                    return reset(&from, &to);
+                }
+                n
+            }
+            _ => n,
+        };
+        if to.write_all(&buf[..pass]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// Resets both connections (SO_LINGER 0, then close: the peers see RST).
+fn reset(a: &TcpStream, b: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    for s in [a, b] {
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid socket fd, and a linger struct of the size given.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&l as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Reads a request head and answers `503 Slow Down`, then closes.
+fn refuse_slow_down(mut c: TcpStream) {
+    let mut head = Vec::new();
+    let mut b = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut b) {
+            Ok(0) | Err(_) => return,
+            Ok(k) => head.extend_from_slice(&b[..k]),
+        }
+    }
+    let body =
+        "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+    let _ = write!(
+        c,
+        "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = c.shutdown(std::net::Shutdown::Both);
 }
