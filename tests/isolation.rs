@@ -1,8 +1,9 @@
 //! Multi-tenant isolation through a real `statord`: a job belongs to the
 //! first uid that opens it; a session of another uid cannot open it, so it
 //! cannot read, write, restore or abort its state; a handle of one job is
-//! refused by another; the control socket refuses uids not allowed. The
-//! other uids are real: this test binary re-executes itself as them.
+//! refused by another; the control socket refuses uids not allowed; no uid
+//! holds more than `max_sessions_per_uid` sessions. The other uids are
+//! real: this test binary re-executes itself as them.
 
 mod common;
 
@@ -46,8 +47,9 @@ fn as_uid(uid: u32, socket: &Path, script: &str) -> String {
         .to_string()
 }
 
-/// What a child does: `open|put|get|restore|abort JOB [ARG]`. Prints one
-/// `RESULT` line: `ok ...`, or `refused <message>` when the daemon said no.
+/// What a child does: `open|put|get|restore|abort JOB [ARG]`, or
+/// `hold JOB N` (N sessions of JOB open at once). Prints one `RESULT`
+/// line: `ok ...`, or `refused <message>` when the daemon said no.
 #[test]
 fn child() {
     let Ok(script) = std::env::var(SCRIPT) else {
@@ -56,6 +58,13 @@ fn child() {
     let socket = std::env::var(SOCKET).unwrap();
     let w: Vec<&str> = script.split(' ').collect();
     let result = (|| -> Result<String, Error> {
+        if w[0] == "hold" {
+            let n: u32 = w[2].parse().unwrap();
+            let held = (0..n)
+                .map(|i| Session::open(&socket, &opts(w[1], i, n)))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(format!("ok {}", held.len()));
+        }
         let mut s = Session::open(&socket, &opts(w[1], 0, 1))?;
         let st = ValueState(s.register("v", Kind::Value)?);
         let key = 7u64.to_be_bytes();
@@ -126,6 +135,9 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
         "--allow-uid",
         "1001",
     ];
+    let cfg = tmp.path().join("statord.toml");
+    std::fs::write(&cfg, "max_sessions_per_uid = 2\n").unwrap();
+    let allow = [&allow[..], &["--config", cfg.to_str().unwrap()]].concat();
     let d = Daemon::start_in(tmp.path(), 64, &allow);
     let sock = d.socket.clone();
 
@@ -170,6 +182,15 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
     );
     assert_eq!(as_uid(1000, &sock, "get job-a"), "ok from-a");
     assert_eq!(as_uid(1001, &sock, "get job-b"), "ok from-b");
+    // No uid holds more than max_sessions_per_uid sessions; closed ones
+    // are given back.
+    let r = as_uid(1000, &sock, "hold job-a 3");
+    assert!(
+        r.starts_with("refused") && r.contains("max_sessions_per_uid 2"),
+        "uid 1000 held 3 sessions: {r}"
+    );
+    assert_eq!(as_uid(1000, &sock, "hold job-a 2"), "ok 2");
+    assert_eq!(as_uid(1001, &sock, "hold job-b 2"), "ok 2");
     // A uid not allowed at all is refused at the socket.
     let r = as_uid(1002, &sock, "open job-c");
     assert!(r.contains("not allowed"), "uid 1002: {r}");

@@ -20,7 +20,8 @@ pub struct Config {
     /// the machine's memory, at least 256 MiB.
     pub memory_budget_mib: u64,
     /// Memtable size per shard, MiB; 0 = the store's default (a quarter of
-    /// the shard's budget, 4..=256 MiB). At most half the shard's budget.
+    /// the shard's budget, 4..=256 MiB). Two memtables and 4 MiB of block
+    /// cache must fit in the shard's budget.
     pub memtable_mib: u64,
     /// Uids allowed to open sessions; empty = the daemon's own (effective) uid.
     pub allowed_uids: Vec<u32>,
@@ -28,6 +29,9 @@ pub struct Config {
     pub spin_us: u64,
     /// Open sessions at most, over all shards.
     pub max_sessions: usize,
+    /// Open sessions at most per uid; 0 = no limit but `max_sessions`. On
+    /// a host shared by tenants, keeps one from taking every session.
+    pub max_sessions_per_uid: usize,
     /// Log filter (`tracing-subscriber` syntax: `info`, `warn,statord=debug`).
     /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it (and
     /// `max_sessions`, `allowed_uids` and `session.*` but `session.batch`).
@@ -163,6 +167,7 @@ impl Default for Config {
             allowed_uids: Vec::new(),
             spin_us: 50,
             max_sessions: 1024,
+            max_sessions_per_uid: 0,
             log: "info".into(),
             session: SessionLimits::default(),
             remote: RemoteSettings::default(),
@@ -211,6 +216,7 @@ fn queue_ok(n: u32) -> bool {
 
 impl Config {
     /// What a reload (SIGHUP) changes at runtime: `log`, `max_sessions`,
+    /// `max_sessions_per_uid`,
     /// `allowed_uids` and the `session.*` limits but `session.batch` (they
     /// apply to sessions opened from then on; open sessions keep theirs).
     /// Returns the configuration to run with (`new`'s runtime keys, this
@@ -220,6 +226,7 @@ impl Config {
         let mut run = self.clone();
         run.log = new.log.clone();
         run.max_sessions = new.max_sessions;
+        run.max_sessions_per_uid = new.max_sessions_per_uid;
         run.allowed_uids = new.allowed_uids.clone();
         run.session = SessionLimits {
             batch: self.session.batch,
@@ -283,10 +290,16 @@ impl Config {
                 format!("at least 16 MiB per shard ({} shards)", self.shards),
             ));
         }
-        if self.memtable_mib > self.memory_budget_mib / self.shards as u64 / 2 {
+        // While a full memtable flushes, the next one fills: two memtables
+        // at once, and the block cache must keep some room beside them.
+        let share = self.memory_budget_mib / self.shards as u64;
+        if self.memtable_mib > share.saturating_sub(MIN_CACHE_MIB) / 2 {
             return Err(invalid(
                 "memtable_mib",
-                "at most half of each shard's share of memory_budget_mib",
+                format!(
+                    "at most {} MiB here: two memtables (one flushing, one filling) and a {MIN_CACHE_MIB} MiB block cache must fit in each shard's {share} MiB share of memory_budget_mib",
+                    share.saturating_sub(MIN_CACHE_MIB) / 2
+                ),
             ));
         }
         if self.allowed_uids.is_empty() {
@@ -441,6 +454,9 @@ impl Config {
     }
 }
 
+/// The block cache's room at least, per shard, beside two memtables.
+const MIN_CACHE_MIB: u64 = 4;
+
 fn physical_memory() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let (pages, size) = unsafe {
@@ -465,6 +481,17 @@ mod tests {
         assert!(c.shards >= 1);
         assert!(c.memory_budget_mib >= 256);
         assert_eq!(c.allowed_uids.len(), 1);
+
+        // Two memtables and 4 MiB of cache fit each shard's share.
+        let mut c =
+            Config::from_toml("shards = 1\nmemory_budget_mib = 16\nmemtable_mib = 7").unwrap();
+        let e = c.clone().resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("memtable_mib") && e.contains("at most 6 MiB"),
+            "{e}"
+        );
+        c.memtable_mib = 6;
+        c.resolve().unwrap();
 
         let e = Config::from_toml("shardz = 3").unwrap_err();
         assert!(e.contains("shardz"), "{e}");

@@ -283,12 +283,39 @@ pub struct Ctx {
     pub next_session: AtomicU64,
     /// Open control connections (capped at `max_sessions` + 64).
     pub connections: AtomicUsize,
+    /// Open sessions per peer uid (for `max_sessions_per_uid`).
+    pub per_uid: Mutex<HashMap<u32, usize>>,
 }
 
 impl Ctx {
     /// The configuration in force now.
     pub fn cfg(&self) -> Arc<Config> {
         self.cfg.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Counts a session of `uid` against `max_sessions_per_uid` (0: none).
+    fn take_uid_slot(&self, uid: u32, limit: usize) -> Result<(), Refusal> {
+        let mut m = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(uid).or_insert(0);
+        if limit > 0 && *n >= limit {
+            return Err((
+                status::LIMIT,
+                format!("uid {uid} has {n} sessions open (max_sessions_per_uid {limit})"),
+            ));
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    /// Gives back a slot [`Ctx::take_uid_slot`] took.
+    fn give_uid_slot(&self, uid: u32) {
+        let mut m = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&uid);
+            }
+        }
     }
 }
 
@@ -336,6 +363,8 @@ pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
 struct Open {
     id: u64,
     shard: usize,
+    /// The peer's uid (its session counts against `max_sessions_per_uid`).
+    uid: u32,
     job: String,
     operator: String,
     /// Names this session registered (bounds what it can add to the
@@ -611,8 +640,10 @@ fn open(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .claim(job, uid)?;
+    ctx.take_uid_slot(uid, cfg.max_sessions_per_uid)?;
     if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= cfg.max_sessions {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+        ctx.give_uid_slot(uid);
         return Err((
             status::LIMIT,
             format!("{} sessions are open (max_sessions)", cfg.max_sessions),
@@ -656,6 +687,7 @@ fn open(
                 Open {
                     id,
                     shard,
+                    uid,
                     job: job.to_string(),
                     operator: operator.to_string(),
                     names: Default::default(),
@@ -671,6 +703,7 @@ fn open(
         }
         other => {
             ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+            ctx.give_uid_slot(uid);
             let m = match other {
                 Some(Err(m)) => m,
                 _ => "the shard is not running".into(),
@@ -742,6 +775,7 @@ fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Response, Refus
             })
         }
         Ok(Err(e @ StoreError::Restore(_))) => Err((status::RESTORE_REFUSED, e.to_string())),
+        Ok(Err(e @ StoreError::Remote(_))) => Err((status::REMOTE, e.to_string())),
         Ok(Err(e)) => Err((status::INTERNAL, format!("restore failed: {e}"))),
         Err(_) => Err((status::INTERNAL, "the shard is not running".into())),
     }
@@ -756,6 +790,7 @@ fn close(ctx: &Ctx, o: &Open) {
         let _ = rx.recv_timeout(Duration::from_secs(5));
     }
     ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+    ctx.give_uid_slot(o.uid);
     tracing::info!(session = o.id, "session closed");
 }
 

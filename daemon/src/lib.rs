@@ -193,6 +193,7 @@ impl Daemon {
             sessions: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
+            per_uid: Default::default(),
         });
         let status = match StatusServer::start(ctx.clone(), started) {
             Ok(s) => s,

@@ -974,6 +974,7 @@ mod tests {
             sessions: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
+            per_uid: Default::default(),
         }
     }
 
