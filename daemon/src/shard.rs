@@ -322,7 +322,11 @@ fn status_of(e: &StoreError) -> Status {
         StoreError::NoSpace { .. } => Status::NoSpace,
         StoreError::Corrupt { .. } => Status::Corrupt,
         StoreError::TooLarge { .. } => Status::TooLarge,
-        StoreError::OverBudget { .. } => Status::Busy,
+        // A full disk stops the flushes: say so, not just "busy".
+        StoreError::OverBudget { cause, .. } => match **cause {
+            StoreError::NoSpace { .. } => Status::NoSpace,
+            _ => Status::Busy,
+        },
         StoreError::Invalid(_) => Status::BadArgument,
         StoreError::Dir { .. } => Status::Internal,
         StoreError::Restore(_) => Status::BadArgument,

@@ -32,7 +32,8 @@ pub enum StoreError {
     OverBudget {
         used: usize,
         budget: usize,
-        cause: String,
+        /// Why the last flush or compaction failed.
+        cause: Box<StoreError>,
     },
     #[error("invalid argument: {0}")]
     Invalid(&'static str),

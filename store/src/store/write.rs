@@ -10,7 +10,7 @@ impl<I: Io> Store<I> {
                 return Err(StoreError::OverBudget {
                     used: m.memtables,
                     budget: self.cfg.memory_budget,
-                    cause: e.to_string(),
+                    cause: Box::new(e.clone()),
                 });
             }
         }
