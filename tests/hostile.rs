@@ -12,78 +12,32 @@ use std::time::{Duration, Instant};
 
 use common::{Daemon, opts, run};
 use stator_client::{Kind, Session, ValueState};
-use stator_ring::control::{CONTROL_VERSION, Request, Response, frame_len, kind};
+use stator_ring::control::{Request, Response, frame_len, kind};
 use stator_ring::sqe::sqe_flags;
-use stator_ring::{BufRef, ClientRing, Cqe, Doorbell, Opcode, Sqe, Status};
-use stator_shm::Segment;
-use stator_shm::fdpass::recv_fds;
+use stator_ring::{BufRef, ClientRing, Cqe, Opcode, Sqe, Status};
 
+/// A raw session of job `hostile` (subtask 1 of 2) with a value state and
+/// a map state.
 struct Raw {
-    _sock: UnixStream,
-    seg: Segment,
-    to_daemon: Doorbell,
+    seg: stator_shm::Segment,
+    to_daemon: stator_ring::Doorbell,
     state: u32,
     map_state: u32,
     key_groups: (u16, u16),
+    _sock: UnixStream,
 }
 
 fn raw_session(socket: &std::path::Path) -> Raw {
-    let mut sock = UnixStream::connect(socket).unwrap();
-    let mut f = Vec::new();
-    Request::Open {
-        version: CONTROL_VERSION,
-        job: "hostile".into(),
-        operator: "op".into(),
-        subtask: 1,
-        parallelism: 2,
-        max_parallelism: 128,
-        sq_entries: 256,
-        cq_entries: 256,
-        arena_bytes: 1 << 20,
-        chunk_slots: 0,
-    }
-    .encode(&mut f);
-    sock.write_all(&f).unwrap();
-    let mut buf = vec![0u8; 70 * 1024];
-    let (n, mut fds) = recv_fds(&sock, &mut buf).unwrap();
-    let len = frame_len(buf[..4].try_into().unwrap()).unwrap();
-    assert_eq!(n, len + 4);
-    let Response::Opened {
-        key_group_lo,
-        key_group_hi,
-        ..
-    } = Response::decode(&buf[4..n]).unwrap()
-    else {
-        panic!("not opened")
-    };
-    let _to_client = fds.pop().unwrap();
-    let to_daemon = Doorbell::from_fd(fds.pop().unwrap());
-    let seg = Segment::attach(fds.pop().unwrap()).unwrap();
-    let mut reg = |k: u8, name: &str| {
-        Request::Register {
-            kind: k,
-            name: name.into(),
-        }
-        .encode(&mut f);
-        sock.write_all(&f).unwrap();
-        let mut pre = [0u8; 4];
-        std::io::Read::read_exact(&mut sock, &mut pre).unwrap();
-        let mut b = vec![0u8; frame_len(pre).unwrap()];
-        std::io::Read::read_exact(&mut sock, &mut b).unwrap();
-        match Response::decode(&b).unwrap() {
-            Response::Registered { state } => state,
-            r => panic!("{r:?}"),
-        }
-    };
-    let state = reg(kind::VALUE, "v");
-    let map_state = reg(kind::MAP, "m");
+    let mut r = common::raw_session(socket, "hostile", 1, 2).unwrap();
+    let state = r.register(kind::VALUE, "v").unwrap();
+    let map_state = r.register(kind::MAP, "m").unwrap();
     Raw {
-        _sock: sock,
-        seg,
-        to_daemon,
+        seg: r.seg,
+        to_daemon: r.to_daemon,
         state,
         map_state,
-        key_groups: (key_group_lo, key_group_hi),
+        key_groups: r.key_groups,
+        _sock: r.sock,
     }
 }
 

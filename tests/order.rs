@@ -6,27 +6,10 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
-use common::{Daemon, Done, collect, opts};
+use common::{Daemon, Done, Rng, collect, opts};
 use stator_client::{
     IterMode, Kind, ListState, MapState, Page, Session, Status, ValueState, elements,
 };
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn bytes(&mut self, max: u64) -> Vec<u8> {
-        let n = self.below(max + 1) as usize;
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 #[derive(Default)]
 struct Model {

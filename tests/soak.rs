@@ -21,19 +21,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, collect, opts, run};
+use common::{Daemon, Rng, collect, opts, raw_session, run};
 use stator_client::{Error, Kind, Notify, OpenOptions, Request, Session, Status, ValueState};
-use stator_ring::control::{CONTROL_VERSION, Request as Ctl, kind};
-use stator_shm::Segment;
-use stator_shm::fdpass::recv_fds;
+use stator_ring::control::kind;
 
 /// Set in a child process: the daemon's socket (the child floods it).
 const DYING: &str = "STATOR_SOAK_DYING";
@@ -50,20 +45,6 @@ fn secs() -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 fn small(job: &str) -> OpenOptions {
@@ -202,51 +183,17 @@ fn good_client(socket: &std::path::Path, i: u64, stop: &AtomicBool, opened: &Bar
     (m, handles, ops)
 }
 
-/// A raw session of a hostile job, to scribble on: its connection, its
-/// segment and the doorbell that wakes the daemon.
-fn raw_session(socket: &std::path::Path, job: &str) -> Option<(UnixStream, Segment, OwnedFd)> {
-    let mut sock = UnixStream::connect(socket).ok()?;
-    let mut f = Vec::new();
-    Ctl::Open {
-        version: CONTROL_VERSION,
-        job: job.into(),
-        operator: "op".into(),
-        subtask: 0,
-        parallelism: 1,
-        max_parallelism: 128,
-        sq_entries: 256,
-        cq_entries: 256,
-        arena_bytes: 1 << 20,
-        chunk_slots: 0,
-    }
-    .encode(&mut f);
-    sock.write_all(&f).ok()?;
-    let mut buf = vec![0u8; 70 * 1024];
-    let (_, mut fds) = recv_fds(&sock, &mut buf).ok()?;
-    if fds.len() != 3 {
-        return None;
-    }
-    // The daemon's doorbell to us is never waited on: dropped.
-    fds.pop()?;
-    let to_daemon = fds.pop()?;
-    let seg = Segment::attach(fds.pop()?).ok()?;
-    Ctl::Register {
-        kind: kind::VALUE,
-        name: "v".into(),
-    }
-    .encode(&mut f);
-    sock.write_all(&f).ok()?;
-    Some((sock, seg, to_daemon))
-}
-
 fn scribbler(socket: &std::path::Path, i: u64, stop: &AtomicBool, rounds: &AtomicU64) {
     let mut r = Rng(0xdead_beef + i);
     while !stop.load(Ordering::Relaxed) {
-        let Some((sock, seg, bell)) = raw_session(socket, &format!("hostile-{i}")) else {
+        let Ok(mut raw) = raw_session(socket, &format!("hostile-{i}"), 0, 1) else {
             std::thread::sleep(Duration::from_millis(5));
             continue;
         };
-        let view = seg.view();
+        if raw.register(kind::VALUE, "v").is_err() {
+            continue;
+        }
+        let view = raw.seg.view();
         let mut junk = vec![0u8; view.len()];
         for _ in 0..(1 + r.below(8)) {
             // Sometimes everything, sometimes only the control page and
@@ -260,11 +207,11 @@ fn scribbler(socket: &std::path::Path, i: u64, stop: &AtomicBool, rounds: &Atomi
                 *b = r.next() as u8;
             }
             view.write_from(0, &junk[..n]).unwrap();
-            let _ = nix::unistd::write(&bell, &1u64.to_ne_bytes());
+            raw.to_daemon.ring();
             std::thread::sleep(Duration::from_millis(r.below(5)));
             rounds.fetch_add(1, Ordering::Relaxed);
         }
-        drop(sock);
+        drop(raw);
     }
 }
 

@@ -204,3 +204,112 @@ pub fn statorctl(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A small deterministic generator (xorshift64) for test workloads.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// Up to `max` random bytes.
+    pub fn bytes(&mut self, max: u64) -> Vec<u8> {
+        let n = self.below(max + 1) as usize;
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// A session opened by hand over the control protocol (no client
+/// library), for a hostile client to scribble on: its connection, its
+/// segment, the doorbell that wakes the daemon, and its key groups.
+pub struct RawSession {
+    pub sock: std::os::unix::net::UnixStream,
+    pub seg: stator_shm::Segment,
+    pub to_daemon: stator_ring::Doorbell,
+    pub key_groups: (u16, u16),
+}
+
+/// Opens subtask `subtask` of `parallelism` of `job` (operator `op`, 256
+/// entries per queue, a 1 MiB arena) by hand.
+pub fn raw_session(
+    socket: &Path,
+    job: &str,
+    subtask: u32,
+    parallelism: u32,
+) -> std::io::Result<RawSession> {
+    use stator_ring::control::{CONTROL_VERSION, Request as Ctl, Response, frame_len};
+    use std::io::{Error as IoError, Write};
+    let mut sock = std::os::unix::net::UnixStream::connect(socket)?;
+    let mut f = Vec::new();
+    Ctl::Open {
+        version: CONTROL_VERSION,
+        job: job.into(),
+        operator: "op".into(),
+        subtask,
+        parallelism,
+        max_parallelism: 128,
+        sq_entries: 256,
+        cq_entries: 256,
+        arena_bytes: 1 << 20,
+        chunk_slots: 0,
+    }
+    .encode(&mut f);
+    sock.write_all(&f)?;
+    let mut buf = vec![0u8; 70 * 1024];
+    let (n, mut fds) = stator_shm::fdpass::recv_fds(&sock, &mut buf).map_err(IoError::other)?;
+    let frame = n >= 4 && frame_len(buf[..4].try_into().unwrap()).is_ok_and(|len| n == len + 4);
+    let opened = frame.then(|| Response::decode(&buf[4..n]).ok()).flatten();
+    let Some(Response::Opened {
+        key_group_lo,
+        key_group_hi,
+        ..
+    }) = opened
+    else {
+        return Err(IoError::other(format!("not opened: {opened:?}")));
+    };
+    if fds.len() != 3 {
+        return Err(IoError::other(format!("{} fds with Opened", fds.len())));
+    }
+    // The daemon's doorbell to us is never waited on: dropped.
+    fds.pop();
+    let to_daemon = stator_ring::Doorbell::from_fd(fds.pop().unwrap());
+    let seg = stator_shm::Segment::attach(fds.pop().unwrap()).map_err(IoError::other)?;
+    Ok(RawSession {
+        sock,
+        seg,
+        to_daemon,
+        key_groups: (key_group_lo, key_group_hi),
+    })
+}
+
+impl RawSession {
+    /// Registers state `name` of `kind` (`stator_ring::control::kind`).
+    pub fn register(&mut self, kind: u8, name: &str) -> std::io::Result<u32> {
+        use stator_ring::control::{Request as Ctl, Response, frame_len};
+        use std::io::{Error as IoError, Read, Write};
+        let mut f = Vec::new();
+        Ctl::Register {
+            kind,
+            name: name.into(),
+        }
+        .encode(&mut f);
+        self.sock.write_all(&f)?;
+        let mut pre = [0u8; 4];
+        self.sock.read_exact(&mut pre)?;
+        let len = frame_len(pre).map_err(|e| IoError::other(format!("{e:?}")))?;
+        let mut b = vec![0u8; len];
+        self.sock.read_exact(&mut b)?;
+        match Response::decode(&b) {
+            Ok(Response::Registered { state }) => Ok(state),
+            r => Err(IoError::other(format!("not registered: {r:?}"))),
+        }
+    }
+}
