@@ -271,7 +271,13 @@ impl Config {
     /// Checks every key; fills in the automatic values (shards, budget,
     /// allowed uids). Returns the configuration the daemon runs with.
     pub fn resolve(mut self) -> Result<Config, ConfigError> {
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
+        if self.log.len() > MAX_LOG_FILTER {
+            return Err(invalid(
+                "log",
+                format!("longer than {MAX_LOG_FILTER} bytes"),
+            ));
+        }
+        if let Err(e) = log_filter(&self.log) {
             return Err(invalid("log", format!("not a log filter: {e}")));
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -454,6 +460,21 @@ impl Config {
     }
 }
 
+/// The longest `log` filter accepted.
+const MAX_LOG_FILTER: usize = 4096;
+
+/// Parses a log filter (`tracing-subscriber` directives). Field values are
+/// matched as plain strings, not compiled as regular expressions: a
+/// pathological pattern compiled for seconds into gigabytes (found by the
+/// `config` fuzz target).
+pub fn log_filter(
+    directives: &str,
+) -> Result<tracing_subscriber::EnvFilter, tracing_subscriber::filter::ParseError> {
+    tracing_subscriber::EnvFilter::builder()
+        .with_regex(false)
+        .parse(directives)
+}
+
 /// The block cache's room at least, per shard, beside two memtables.
 const MIN_CACHE_MIB: u64 = 4;
 
@@ -527,5 +548,27 @@ mod tests {
         assert_eq!(run.session.batch, old.session.batch);
         assert_eq!(run.shards, old.shards);
         assert_eq!(old.reload(&old), (old.clone(), vec![]));
+    }
+
+    /// Found by the `config` fuzz target: this filter's field pattern,
+    /// compiled as a regular expression, took 11 s and over 2 GiB. Field
+    /// values are now plain strings (so a pattern that is no valid regex
+    /// parses too), and the filter's length is capped.
+    #[test]
+    fn a_pathological_log_filter_is_not_compiled_as_a_regex() {
+        assert!(
+            log_filter("[{x=(}]").is_ok(),
+            "field values are not regexes"
+        );
+        let log = r#",,,,,[[[[[[[t{ [[<=[6666]@@@@@@@@@@@@@ ............*...............0......................................;................lol@@@@@@@@66666666666666666660908&920560575185332uuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuu88-66666666666666$6666666666666======'=====================6[t{ [[[[[[[[[[[[[[33289-66666666666666$66666666666666[t{ [[[[[[[[[[[[[[[}[[[[[{f"#;
+        let _ = Config::from_toml(&format!("log = {log:?}"))
+            .unwrap()
+            .resolve();
+        let e = Config::from_toml(&format!("log = {:?}", "x".repeat(5000)))
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("longer than 4096"), "{e}");
     }
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use statord::Daemon;
-use statord::config::Config;
+use statord::config::{self, Config};
 use statord::notify::Notifier;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -93,11 +93,16 @@ fn config(a: &Args) -> Result<Config, String> {
 /// `Some(var)` when an environment variable decided it.
 fn log_filter(cfg: &Config) -> (EnvFilter, Option<&'static str>) {
     for var in ["STATOR_LOG", "RUST_LOG"] {
-        if let Ok(f) = EnvFilter::try_from_env(var) {
-            return (f, Some(var));
+        if let Ok(f) = std::env::var(var).map(|v| config::log_filter(&v)) {
+            match f {
+                Ok(f) => return (f, Some(var)),
+                Err(e) => eprintln!("statord: {var} is not a log filter ({e}); ignored"),
+            }
         }
     }
-    (EnvFilter::new(&cfg.log), None)
+    // `log` was checked when the configuration resolved.
+    let f = config::log_filter(&cfg.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    (f, None)
 }
 
 fn main() -> ExitCode {
@@ -193,9 +198,10 @@ fn reload<S>(
                 var,
                 "SIGHUP: the log filter comes from the environment; `log` is not applied"
             ),
-            None => match log.reload(EnvFilter::new(&new.log)) {
-                Ok(()) => *log_now = new.log.clone(),
-                Err(e) => tracing::error!(error = %e, "SIGHUP: cannot change the log filter"),
+            None => match config::log_filter(&new.log).map(|f| log.reload(f)) {
+                Ok(Ok(())) => *log_now = new.log.clone(),
+                Ok(Err(e)) => tracing::error!(error = %e, "SIGHUP: cannot change the log filter"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: not a log filter"),
             },
         }
     }
