@@ -70,20 +70,58 @@ fn anon_rss(pid: i32) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// A child process's life: open, flood with puts without reading a
-/// completion, until killed.
+/// A child process's life, until killed: most open a session and flood
+/// it with puts without reading a completion, now and then starting a
+/// checkpoint or a snapshot export (so some die in the middle of one);
+/// one in eight sends half of an `Open` frame and waits (dying in the
+/// middle of the handshake).
 #[test]
 fn dying_client() {
     let Ok(socket) = std::env::var(DYING) else {
         return; // not a child: nothing to do
     };
+    let mut r = Rng(std::process::id() as u64 | 1);
+    if r.below(8) == 0 {
+        use std::io::Write;
+        let mut f = Vec::new();
+        stator_ring::control::Request::Open {
+            version: stator_ring::control::CONTROL_VERSION,
+            job: "dying".into(),
+            operator: "op".into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            sq_entries: 256,
+            cq_entries: 256,
+            arena_bytes: ARENA,
+            chunk_slots: 0,
+        }
+        .encode(&mut f);
+        let mut sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        sock.write_all(&f[..f.len() / 2]).unwrap();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     let mut s = Session::open(&socket, &small("dying")).unwrap();
     let st = ValueState(s.register("v", Kind::Value).unwrap());
-    let mut r = Rng(std::process::id() as u64 | 1);
     let (lo, _) = s.key_groups();
+    let mut id = 0;
     loop {
         let k = r.below(KEYS).to_be_bytes();
-        match s.submit(&st.put(lo, &k, &[7; 200]), 0) {
+        let put = st.put(lo, &k, &[7; 200]);
+        let req = match r.below(2048) {
+            0 => {
+                id += 1;
+                Request::checkpoint(id)
+            }
+            1 => {
+                id += 1;
+                Request::snapshot_export(id)
+            }
+            _ => put,
+        };
+        match s.submit(&req, 0) {
             Ok(()) => {}
             Err(Error::Full) => {
                 s.flush().unwrap();
