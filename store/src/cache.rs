@@ -4,7 +4,7 @@
 //! reference-counted, so a read in progress keeps its block even if the
 //! cache lets go of it.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 use crate::aligned::AlignedBuf;
@@ -74,14 +74,24 @@ struct Entry {
     referenced: bool,
 }
 
-/// CLOCK cache of blocks.
+/// Spare buffers kept at most (see [`BlockCache`]).
+pub const MAX_SPARE: usize = 8;
+
+/// CLOCK cache of blocks. It also keeps the buffers of a few evicted
+/// blocks no one else holds, for the next blocks read: a block fetched
+/// remotely is copied into the buffer of the block its insertion evicts
+/// (a fresh page-aligned allocation, zeroed, cost more than the copy).
+/// They are reported with the cache's bytes (at most [`MAX_SPARE`] beyond
+/// its budget).
 pub struct BlockCache {
-    map: HashMap<(u64, u32), usize>,
+    map: FxHashMap<(u64, u32), usize>,
     entries: Vec<Option<Entry>>,
     free: Vec<usize>,
     hand: usize,
     bytes: usize,
     budget: usize,
+    spare: Vec<AlignedBuf>,
+    spare_bytes: usize,
     pub hits: u64,
     pub misses: u64,
 }
@@ -89,12 +99,14 @@ pub struct BlockCache {
 impl BlockCache {
     pub fn new(budget: usize) -> BlockCache {
         BlockCache {
-            map: HashMap::new(),
+            map: FxHashMap::default(),
             entries: Vec::new(),
             free: Vec::new(),
             hand: 0,
             bytes: 0,
             budget,
+            spare: Vec::new(),
+            spare_bytes: 0,
             hits: 0,
             misses: 0,
         }
@@ -134,7 +146,8 @@ impl BlockCache {
         }
         let size = b.memory_bytes();
         while self.bytes + size > self.budget && !self.map.is_empty() {
-            self.evict_one();
+            let old = self.evict_one();
+            self.recycle(old);
         }
         let e = Entry {
             key: (seg, block),
@@ -155,7 +168,7 @@ impl BlockCache {
         self.bytes += size;
     }
 
-    fn evict_one(&mut self) {
+    fn evict_one(&mut self) -> Rc<Block> {
         loop {
             if self.hand >= self.entries.len() {
                 self.hand = 0;
@@ -173,7 +186,7 @@ impl BlockCache {
             self.map.remove(&e.key);
             self.bytes -= e.block.memory_bytes();
             self.free.push(i);
-            return;
+            return e.block;
         }
     }
 
@@ -189,14 +202,97 @@ impl BlockCache {
         }
     }
 
+    /// Bytes held: cached blocks and spare buffers.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.bytes + self.spare_bytes
     }
 
     pub fn set_budget(&mut self, budget: usize) {
         self.budget = budget;
+        self.spare.clear();
+        self.spare_bytes = 0;
         while self.bytes > self.budget && !self.map.is_empty() {
             self.evict_one();
         }
+    }
+
+    /// A buffer of `len` bytes to read a block into: a spare one when it
+    /// fits (its old bytes are overwritten by the read; a short read is an
+    /// error, never parsed), else a new one.
+    pub fn buffer(&mut self, len: usize) -> AlignedBuf {
+        match self.spare.pop() {
+            Some(mut b) if b.capacity() >= len => {
+                self.spare_bytes -= b.capacity();
+                b.set_len(len);
+                b
+            }
+            other => {
+                if let Some(b) = other {
+                    self.spare_bytes -= b.capacity();
+                }
+                AlignedBuf::zeroed(len)
+            }
+        }
+    }
+
+    /// Keeps an evicted block's buffer as a spare if no one else holds the
+    /// block, it is block-sized, and fewer than [`MAX_SPARE`] are kept.
+    fn recycle(&mut self, b: Rc<Block>) {
+        const MAX_SPARE_CAP: usize = 64 << 10;
+        let Ok(Block {
+            buf: Bytes::Own(buf),
+            ..
+        }) = Rc::try_unwrap(b)
+        else {
+            return;
+        };
+        let cap = buf.capacity();
+        if self.spare.len() < MAX_SPARE && cap <= MAX_SPARE_CAP {
+            self.spare_bytes += cap;
+            self.spare.push(buf);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{BlockBuilder, Kind};
+
+    fn block(i: u32) -> Rc<Block> {
+        let mut b = BlockBuilder::default();
+        b.add(Kind::Put, &i.to_be_bytes(), b"value");
+        let mut buf = AlignedBuf::with_capacity(4096);
+        b.finish_into(&mut buf);
+        Rc::new(Block::parse(buf).unwrap())
+    }
+
+    /// A full cache evicts one block per insert and keeps its buffer for
+    /// the next read (at most MAX_SPARE), counted in its bytes; a block
+    /// someone still holds is not recycled.
+    #[test]
+    fn evicted_buffers_are_reused_and_counted() {
+        let size = block(0).memory_bytes();
+        let mut c = BlockCache::new(4 * size);
+        for i in 0..4 {
+            c.insert(1, i, block(i));
+        }
+        assert_eq!(c.bytes(), 4 * size);
+        let held = c.get(1, 0).unwrap();
+        for i in 4..(8 + MAX_SPARE as u32 * 2) {
+            c.insert(1, i, block(i));
+        }
+        assert_eq!(c.spare.len(), MAX_SPARE);
+        assert_eq!(c.bytes(), 4 * size + MAX_SPARE * 4096);
+        assert!(c.peek_entry(1, 0).is_none() && held.view().len() == 1);
+        // A spare is handed out at the asked length, and a new buffer when
+        // none is left.
+        for _ in 0..MAX_SPARE + 1 {
+            let b = c.buffer(4096);
+            assert_eq!(b.len(), 4096);
+        }
+        assert_eq!(c.bytes(), 4 * size);
+        c.set_budget(2 * size);
+        assert_eq!(c.bytes(), 2 * size);
     }
 }

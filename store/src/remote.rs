@@ -428,8 +428,7 @@ impl Remote {
         if wanted.is_empty() {
             return;
         }
-        let mut by_object: std::collections::HashMap<&str, Vec<Wanted>> =
-            std::collections::HashMap::new();
+        let mut by_object: rustc_hash::FxHashMap<&str, Vec<Wanted>> = Default::default();
         for (t, name, r) in wanted {
             by_object.entry(name).or_default().push((r.clone(), *t));
         }

@@ -126,6 +126,7 @@ impl<I: Io> FaultIo<I> {
             buf,
             result: Err(errno),
             remote_error: None,
+            remote_bytes: None,
         });
     }
 }
@@ -218,6 +219,7 @@ impl<I: Io> Io for FaultIo<I> {
                         buf: Some(buf),
                         result: Err(libc::EIO),
                         remote_error: None,
+                        remote_bytes: None,
                     });
                 }
                 continue;

@@ -47,6 +47,9 @@ pub struct IoCompletion {
     /// A read the remote tier served and could not (`result` is then
     /// `EREMOTEIO`): why, naming the object and the attempts.
     pub remote_error: Option<Box<crate::remote::RemoteError>>,
+    /// A block read the remote tier served without a buffer of the
+    /// caller's ([`crate::store`]'s block fetches): its bytes, as fetched.
+    pub remote_bytes: Option<bytes::Bytes>,
 }
 
 /// The error of a failed read of `path`: the remote tier's own when it

@@ -94,6 +94,7 @@ impl Io for SyncIo {
             buf: Some(buf),
             result,
             remote_error: None,
+            remote_bytes: None,
         });
     }
 
@@ -107,6 +108,7 @@ impl Io for SyncIo {
             buf: Some(buf),
             result,
             remote_error: None,
+            remote_bytes: None,
         });
     }
 
@@ -120,6 +122,7 @@ impl Io for SyncIo {
             buf: None,
             result,
             remote_error: None,
+            remote_bytes: None,
         });
     }
 

@@ -153,6 +153,7 @@ impl UringIo {
                 buf: op.buf,
                 result: Err(libc::EBADF),
                 remote_error: None,
+                remote_bytes: None,
             });
             return true;
         };
@@ -209,6 +210,7 @@ impl UringIo {
             buf: op.buf,
             result,
             remote_error: None,
+            remote_bytes: None,
         });
     }
 

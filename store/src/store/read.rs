@@ -393,23 +393,31 @@ impl<I: Io> Store<I> {
         let f = &mut self.fetches[fi];
         let (off, len) = f.seg.index.block(f.block as usize);
         self.stats.block_reads += 1;
+        let cache = &mut self.cache;
         f.local = !tier::Reads {
             io: &mut self.io,
             tier: self.tier.as_mut(),
         }
-        .read(
-            &f.seg,
-            off,
-            AlignedBuf::zeroed(len as usize),
-            tag(TAG_FETCH, fi as u64),
-        );
+        .read_block(&f.seg, off, len as usize, tag(TAG_FETCH, fi as u64), || {
+            cache.buffer(len as usize)
+        });
     }
 
     pub(super) fn fetch_done(&mut self, fi: usize, c: IoCompletion) {
         let f = self.fetches.remove(fi);
         self.fetch_index.remove(&(f.seg.id, f.block));
         let (off, len) = f.seg.index.block(f.block as usize);
-        let result = match (c.result, c.buf) {
+        let buf = match (c.buf, c.remote_bytes) {
+            // Fetched remotely: into a buffer now, which a block the cache
+            // evicts just before usually provides.
+            (None, Some(b)) if b.len() == len as usize => {
+                let mut buf = self.cache.buffer(b.len());
+                buf.copy_from_slice(&b);
+                Some(buf)
+            }
+            (buf, _) => buf,
+        };
+        let result = match (c.result, buf) {
             (Ok(n), Some(buf)) if n == len as usize => Block::parse(buf)
                 .map(Rc::new)
                 .map_err(|m| corrupt(&f.seg, off, m.0)),

@@ -102,7 +102,10 @@ pub(super) const TAG_CACHE_WRITE: u64 = 24;
 
 /// A read the remote serves.
 struct RemoteRead {
-    buf: AlignedBuf,
+    /// The caller's buffer to copy the bytes into; `None`: hand them over
+    /// as fetched (`IoCompletion::remote_bytes`), `len` of them.
+    buf: Option<AlignedBuf>,
+    len: usize,
     name: Rc<str>,
     off: u64,
     residency: Rc<Residency>,
@@ -136,7 +139,7 @@ pub(super) struct Tier {
     evicted: HashSet<String>,
     /// This pass's remote reads, and the reads in flight (their buffers).
     batch: Vec<(u64, Rc<str>, Range<u64>)>,
-    bufs: HashMap<u64, RemoteRead>,
+    bufs: rustc_hash::FxHashMap<u64, RemoteRead>,
     /// Fetched bytes to write back into their local files (the store
     /// issues them), and the writes in flight (file, residency, offset,
     /// length, the residency's epoch at the write).
@@ -223,16 +226,26 @@ impl Tier {
 
     /// Queues a read of `seg`'s bytes `off..off+buf.len()` from the remote
     /// (sent with the pass's others by [`Tier::send`]).
-    pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
+    /// With `buf`, the bytes are copied into it; without, the completion
+    /// carries them as fetched.
+    pub fn read(
+        &mut self,
+        seg: &Segment,
+        off: u64,
+        len: usize,
+        buf: Option<AlignedBuf>,
+        token: u64,
+    ) {
         self.stats.remote_block_reads += 1;
         let name: Rc<str> = seg.name().into();
         self.touch(seg);
-        let end = off + buf.len() as u64;
+        let end = off + len as u64;
         self.batch.push((token, name.clone(), off..end));
         self.bufs.insert(
             token,
             RemoteRead {
                 buf,
+                len,
                 name,
                 off,
                 residency: seg.residency.clone(),
@@ -348,6 +361,7 @@ impl Tier {
             _ => {
                 let Some(RemoteRead {
                     mut buf,
+                    len,
                     name,
                     off,
                     residency,
@@ -355,9 +369,9 @@ impl Tier {
                 else {
                     return;
                 };
+                let mut remote_bytes = None;
                 let (result, remote_error) = match r {
-                    Ok(RemoteDone::Bytes(b)) if b.len() == buf.len() => {
-                        buf.copy_from_slice(&b);
+                    Ok(RemoteDone::Bytes(b)) if b.len() == len => {
                         // The local disk keeps what was read while it has
                         // room (a full cache admits again once eviction
                         // made room: no churn of writes and punches), unless
@@ -388,7 +402,11 @@ impl Tier {
                                 residency,
                             });
                         }
-                        (Ok(b.len()), None)
+                        match buf.as_mut() {
+                            Some(buf) => buf.copy_from_slice(&b),
+                            None => remote_bytes = Some(b),
+                        }
+                        (Ok(len), None)
                     }
                     Ok(_) => (Err(libc::EIO), None),
                     Err(e) => {
@@ -398,9 +416,10 @@ impl Tier {
                 };
                 out.push(IoCompletion {
                     token: t,
-                    buf: Some(buf),
+                    buf,
                     result,
                     remote_error,
+                    remote_bytes,
                 });
             }
         }
@@ -525,7 +544,7 @@ pub(super) fn prepare(
         next_token: 0,
         evicted: HashSet::new(),
         batch: Vec::new(),
-        bufs: HashMap::new(),
+        bufs: Default::default(),
         writebacks: Vec::new(),
         wb: Slab::new(),
         wfds: HashMap::new(),
@@ -1010,19 +1029,44 @@ impl<I: Io> Reads<'_, I> {
     pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) -> bool {
         match self.tier.as_deref_mut() {
             Some(t) if seg.residency.needs_remote(off, buf.len()) => {
-                t.read(seg, off, buf, token);
+                t.read(seg, off, buf.len(), Some(buf), token);
                 true
             }
-            Some(t) => {
-                t.stats.local_block_reads += 1;
-                t.touch(seg);
-                self.io.read(seg.file, off, buf, token);
-                false
-            }
-            None => {
-                self.io.read(seg.file, off, buf, token);
+            _ => {
+                self.local(seg, off, buf, token);
                 false
             }
         }
+    }
+
+    /// Issues a read of `len` bytes at `off`; `buf` makes the buffer, only
+    /// for a local read (a remote one completes with the bytes as fetched:
+    /// `IoCompletion::remote_bytes`). Whether the remote tier serves it.
+    pub fn read_block(
+        &mut self,
+        seg: &Segment,
+        off: u64,
+        len: usize,
+        token: u64,
+        buf: impl FnOnce() -> AlignedBuf,
+    ) -> bool {
+        match self.tier.as_deref_mut() {
+            Some(t) if seg.residency.needs_remote(off, len) => {
+                t.read(seg, off, len, None, token);
+                true
+            }
+            _ => {
+                self.local(seg, off, buf(), token);
+                false
+            }
+        }
+    }
+
+    fn local(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.stats.local_block_reads += 1;
+            t.touch(seg);
+        }
+        self.io.read(seg.file, off, buf, token);
     }
 }
