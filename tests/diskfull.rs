@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, collect, opts, run};
+use common::{Daemon, collect, metric, metrics, opts, run};
 use stator_client::keygroup::{java_long_hash, key_group_for_hash};
 use stator_client::{Kind, Request, Session, Status, ValueState};
 
@@ -103,20 +103,6 @@ fn checkpoint(s: &mut Session, id: u64) -> (Status, Option<Vec<u8>>) {
     (d.status.unwrap(), d.value)
 }
 
-fn metric(d: &Daemon, name: &str) -> f64 {
-    let (code, out, err) = common::statorctl(&[
-        "--run-dir",
-        &d.dir.join("run").display().to_string(),
-        "metrics",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    out.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{out}"))
-}
-
 #[test]
 fn a_full_disk_fails_writes_clearly_and_loses_nothing_acknowledged() {
     let tmp = tempfile::tempdir().unwrap();
@@ -172,7 +158,7 @@ fn a_full_disk_fails_writes_clearly_and_loses_nothing_acknowledged() {
         if first.is_some() { "taken" } else { "NoSpace" }
     );
     check(&mut s, st, &acked, "while the disk is full");
-    assert!(metric(&d, "stator_background_failures_total") > 0.0);
+    assert!(metric(&metrics(&d), "stator_background_failures_total") > 0.0);
 
     // The operator makes room: the flushes are retried, writes go on.
     fs.resize(256);

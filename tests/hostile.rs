@@ -485,3 +485,34 @@ fn hostile_snapshot_requests_are_refused_and_hurt_no_one() {
     let r = run(&mut good, &gst.get(3, b"mine")).unwrap();
     assert_eq!(r.value.as_deref(), Some(&b"safe"[..]));
 }
+
+/// A connection that never completes a request (half a frame, then
+/// silence) is answered BAD_REQUEST and closed after the handshake
+/// timeout, so such connections cannot pile up; a session's connection,
+/// once open, may idle.
+#[test]
+fn a_connection_that_never_sends_a_whole_request_is_closed() {
+    use std::io::Read;
+    let d = Daemon::start(64);
+    let mut idle = Session::open(&d.socket, &opts("idle", 0, 1)).unwrap();
+    let st = ValueState(idle.register("v", Kind::Value).unwrap());
+    let mut s = UnixStream::connect(&d.socket).unwrap();
+    s.write_all(&[40, 0, 0, 0, 1, 0]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    let len = frame_len(got[..4].try_into().unwrap()).unwrap();
+    match Response::decode(&got[4..4 + len]).unwrap() {
+        Response::Error {
+            status, message, ..
+        } => {
+            assert_eq!(status, stator_ring::control::status::BAD_REQUEST);
+            assert!(message.contains("no complete request"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The session that idled as long is still served.
+    let done = run(&mut idle, &st.put(0, b"k", b"v")).unwrap();
+    assert_eq!(done.status, Ok(stator_client::Status::Ok));
+    idle.close().unwrap();
+}

@@ -47,9 +47,11 @@ fn as_uid(uid: u32, socket: &Path, script: &str) -> String {
         .to_string()
 }
 
-/// What a child does: `open|put|get|restore|abort JOB [ARG]`, or
-/// `hold JOB N` (N sessions of JOB open at once). Prints one `RESULT`
-/// line: `ok ...`, or `refused <message>` when the daemon said no.
+/// What a child does: `open|put|get|restore|abort JOB [ARG]`, `hold JOB N`
+/// (N sessions of JOB open at once), or `flood JOB N DIR` (N connections
+/// that send nothing, then an open of JOB; then it creates `DIR/ready`
+/// and holds them until `DIR/done` exists). Prints one `RESULT` line:
+/// `ok ...`, `refused <message>` when the daemon said no, or `error ...`.
 #[test]
 fn child() {
     let Ok(script) = std::env::var(SCRIPT) else {
@@ -58,12 +60,45 @@ fn child() {
     let socket = std::env::var(SOCKET).unwrap();
     let w: Vec<&str> = script.split(' ').collect();
     let result = (|| -> Result<String, Error> {
+        if w[0] == "flood" {
+            let n: usize = w[2].parse().unwrap();
+            let dir = std::path::Path::new(w[3]);
+            let held: Vec<_> = (0..n)
+                .map(|_| std::os::unix::net::UnixStream::connect(&socket).unwrap())
+                .collect();
+            // Let the daemon count them before the open.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let r = Session::open(&socket, &opts(w[1], 0, 1)).map(|_| "ok".to_string());
+            std::fs::write(dir.join("ready"), b"").unwrap();
+            while !dir.join("done").exists() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            drop(held);
+            return r;
+        }
         if w[0] == "hold" {
+            // Closed explicitly (Close is answered once the daemon gave
+            // the slot back), so the next child finds them given back.
             let n: u32 = w[2].parse().unwrap();
-            let held = (0..n)
-                .map(|i| Session::open(&socket, &opts(w[1], i, n)))
-                .collect::<Result<Vec<_>, _>>()?;
-            return Ok(format!("ok {}", held.len()));
+            let mut held = Vec::new();
+            let mut refused = None;
+            for i in 0..n {
+                match Session::open(&socket, &opts(w[1], i, n)) {
+                    Ok(s) => held.push(s),
+                    Err(e) => {
+                        refused = Some(e);
+                        break;
+                    }
+                }
+            }
+            let opened = held.len();
+            for s in held {
+                s.close()?;
+            }
+            return match refused {
+                Some(e) => Err(e),
+                None => Ok(format!("ok {opened}")),
+            };
         }
         let mut s = Session::open(&socket, &opts(w[1], 0, 1))?;
         let st = ValueState(s.register("v", Kind::Value)?);
@@ -191,6 +226,22 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
     );
     assert_eq!(as_uid(1000, &sock, "hold job-a 2"), "ok 2");
     assert_eq!(as_uid(1001, &sock, "hold job-b 2"), "ok 2");
+    // Nor more than max_sessions_per_uid + 8 connections: one uid holding
+    // them (half-open handshakes) does not keep another uid out.
+    let flags = tmp.path().join("flags");
+    std::fs::create_dir(&flags).unwrap();
+    std::fs::set_permissions(&flags, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let flood = {
+        let (sock, script) = (sock.clone(), format!("flood job-a 10 {}", flags.display()));
+        std::thread::spawn(move || as_uid(1000, &sock, &script))
+    };
+    while !flags.join("ready").exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(as_uid(1001, &sock, "open job-b"), "ok");
+    std::fs::write(flags.join("done"), b"").unwrap();
+    let r = flood.join().unwrap();
+    assert!(r.starts_with("error"), "uid 1000's 11th connection: {r}");
     // A uid not allowed at all is refused at the socket.
     let r = as_uid(1002, &sock, "open job-c");
     assert!(r.contains("not allowed"), "uid 1002: {r}");

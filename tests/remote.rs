@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::s3::{BUCKET, Fault, KEY, Proxy, SECRET, Server};
-use common::{Daemon, collect, opts, run};
+use common::{Daemon, collect, metric, metrics, opts, run};
 use stator_client::keygroup::{java_long_hash, key_group_for_hash};
 use stator_client::{Kind, Notify, Request, Session, Status, ValueState};
 
@@ -111,24 +111,6 @@ backoff_ms = 20
     p.display().to_string()
 }
 
-fn metrics(d: &Daemon) -> String {
-    let (code, out, err) = common::statorctl(&[
-        "--run-dir",
-        &d.dir.join("run").display().to_string(),
-        "metrics",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    out
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 #[test]
 fn checkpoints_restore_and_rescale_through_the_remote_tier() {
     let tmp = tempfile::tempdir().unwrap();
@@ -208,7 +190,8 @@ fn checkpoints_restore_and_rescale_through_the_remote_tier() {
 /// checkpoint was never acknowledged. Restarted on the same data directory,
 /// every handle returned before restores exactly (not the newer state),
 /// and the next checkpoint uploads what it needs and restores exactly on an
-/// empty disk.
+/// empty disk (after a restore refused with `REMOTE` while the server
+/// hung).
 #[test]
 fn sigkill_during_an_upload_loses_no_returned_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
@@ -259,9 +242,18 @@ fn sigkill_during_an_upload_loses_no_returned_checkpoint() {
     drop(s);
     drop(a);
 
-    // An empty disk restores checkpoint 3 (= checkpoint 1's state).
+    // An empty disk restores checkpoint 3 (= checkpoint 1's state); while
+    // the server hangs, the restore is answered REMOTE and changes nothing.
     let b = Daemon::start_in(&tmp.path().join("b"), 64, &extra);
     let (mut s, st) = open(&b, 0, 1);
+    proxy.set(Fault::Stall);
+    match s.restore(&[&h3]) {
+        Err(stator_client::Error::Refused { status, message }) => {
+            assert_eq!(status, stator_ring::control::status::REMOTE, "{message}")
+        }
+        other => panic!("a restore through a hung server: {other:?}"),
+    }
+    proxy.set(Fault::None);
     s.restore(&[&h3]).unwrap();
     check(&mut s, st, &want, "checkpoint 3 on an empty disk");
 }

@@ -229,6 +229,7 @@ fn scribbler(socket: &std::path::Path, i: u64, stop: &AtomicBool, rounds: &Atomi
             continue;
         };
         if raw.register(kind::VALUE, "v").is_err() {
+            std::thread::sleep(Duration::from_millis(5));
             continue;
         }
         let view = raw.seg.view();

@@ -272,12 +272,6 @@ impl Config {
     /// Checks every key; fills in the automatic values (shards, budget,
     /// allowed uids). Returns the configuration the daemon runs with.
     pub fn resolve(mut self) -> Result<Config, ConfigError> {
-        if self.log.len() > MAX_LOG_FILTER {
-            return Err(invalid(
-                "log",
-                format!("longer than {MAX_LOG_FILTER} bytes"),
-            ));
-        }
         if let Err(e) = log_filter(&self.log) {
             return Err(invalid("log", format!("not a log filter: {e}")));
         }
@@ -474,6 +468,9 @@ const MAX_LOG_FILTER: usize = 4096;
 /// field filters (`[...]`, `{...}`) are refused, only printable ASCII is
 /// accepted, and each directive is trimmed.
 pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    if directives.len() > MAX_LOG_FILTER {
+        return Err(format!("longer than {MAX_LOG_FILTER} bytes"));
+    }
     if let Some(c) = directives.chars().find(|c| {
         !(c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-' | '=' | ',' | ' ' | '\t'))
     }) {

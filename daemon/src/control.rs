@@ -285,6 +285,9 @@ pub struct Ctx {
     pub connections: AtomicUsize,
     /// Open sessions per peer uid (for `max_sessions_per_uid`).
     pub per_uid: Mutex<HashMap<u32, usize>>,
+    /// Open control connections per peer uid (capped at
+    /// `max_sessions_per_uid` + 8 when that is set).
+    pub conns_per_uid: Mutex<HashMap<u32, usize>>,
 }
 
 impl Ctx {
@@ -295,26 +298,39 @@ impl Ctx {
 
     /// Counts a session of `uid` against `max_sessions_per_uid` (0: none).
     fn take_uid_slot(&self, uid: u32, limit: usize) -> Result<(), Refusal> {
-        let mut m = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
-        let n = m.entry(uid).or_insert(0);
-        if limit > 0 && *n >= limit {
-            return Err((
+        take(&self.per_uid, uid, limit).map_err(|n| {
+            (
                 status::LIMIT,
                 format!("uid {uid} has {n} sessions open (max_sessions_per_uid {limit})"),
-            ));
-        }
-        *n += 1;
-        Ok(())
+            )
+        })
     }
 
     /// Gives back a slot [`Ctx::take_uid_slot`] took.
     fn give_uid_slot(&self, uid: u32) {
-        let mut m = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get_mut(&uid) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&uid);
-            }
+        give(&self.per_uid, uid);
+    }
+}
+
+/// Counts one more for `uid` in `m` unless `limit` (0: none) is reached;
+/// else the count.
+fn take(m: &Mutex<HashMap<u32, usize>>, uid: u32, limit: usize) -> Result<(), usize> {
+    let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+    let n = m.entry(uid).or_insert(0);
+    if limit > 0 && *n >= limit {
+        return Err(*n);
+    }
+    *n += 1;
+    Ok(())
+}
+
+/// Gives back one [`take`] counted.
+fn give(m: &Mutex<HashMap<u32, usize>>, uid: u32) {
+    let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = m.get_mut(&uid) {
+        *n -= 1;
+        if *n == 0 {
+            m.remove(&uid);
         }
     }
 }
@@ -327,9 +343,28 @@ pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
     while !ctx.stopping.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((stream, _)) => {
-                // One thread per connection, so connections are capped.
-                if ctx.connections.fetch_add(1, Ordering::AcqRel) >= ctx.cfg().max_sessions + 64 {
+                // One thread per connection, so connections are capped: in
+                // all, and per uid when sessions are (one tenant must not
+                // hold every connection, e.g. with half-sent frames).
+                let cfg = ctx.cfg();
+                let Ok(uid) = nix::sys::socket::getsockopt(
+                    &stream,
+                    nix::sys::socket::sockopt::PeerCredentials,
+                )
+                .map(|c| c.uid()) else {
+                    continue;
+                };
+                let per_uid = match cfg.max_sessions_per_uid {
+                    0 => 0,
+                    n => n + 8,
+                };
+                if take(&ctx.conns_per_uid, uid, per_uid).is_err() {
+                    tracing::warn!(uid, "too many control connections of one uid; one refused");
+                    continue;
+                }
+                if ctx.connections.fetch_add(1, Ordering::AcqRel) >= cfg.max_sessions + 64 {
                     ctx.connections.fetch_sub(1, Ordering::AcqRel);
+                    give(&ctx.conns_per_uid, uid);
                     tracing::warn!("too many control connections; one refused");
                     continue;
                 }
@@ -338,11 +373,13 @@ pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
                 let spawned = std::thread::Builder::new()
                     .name("statord-conn".into())
                     .spawn(move || {
-                        serve(stream, &c);
+                        serve(stream, uid, &c);
                         c.connections.fetch_sub(1, Ordering::AcqRel);
+                        give(&c.conns_per_uid, uid);
                     });
                 if let Err(e) = spawned {
                     ctx.connections.fetch_sub(1, Ordering::AcqRel);
+                    give(&ctx.conns_per_uid, uid);
                     tracing::error!(error = %e, "cannot start a connection thread");
                 }
             }
@@ -396,15 +433,13 @@ fn refuse(s: &mut UnixStream, request: u8, st: i32, message: impl Into<String>) 
     let _ = s.write_all(&out);
 }
 
-/// Serves one connection until it closes; then drops its session.
-fn serve(mut s: UnixStream, ctx: &Ctx) {
-    let uid = match nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials) {
-        Ok(c) => c.uid(),
-        Err(e) => {
-            tracing::warn!(error = %e, "SO_PEERCRED failed; connection refused");
-            return;
-        }
-    };
+/// How long a connection may take to send a complete request while it
+/// has no session (afterwards it may idle: its session's control channel).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves one connection of peer `uid` until it closes; then drops its
+/// session.
+fn serve(mut s: UnixStream, uid: u32, ctx: &Ctx) {
     if !ctx.cfg().allowed_uids.contains(&uid) {
         tracing::warn!(uid, "connection from a uid not in allowed_uids refused");
         refuse(
@@ -420,9 +455,25 @@ fn serve(mut s: UnixStream, ctx: &Ctx) {
     let mut buf = Vec::new();
     let mut out = Vec::new();
     loop {
+        let _ = s.set_read_timeout(session.is_none().then_some(HANDSHAKE_TIMEOUT));
         match read_frame(&mut s, &mut buf) {
             Ok(Some(())) => {}
             Ok(None) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                tracing::debug!(uid, "control connection sent no complete request in time");
+                refuse(
+                    &mut s,
+                    0,
+                    status::BAD_REQUEST,
+                    format!("no complete request within {HANDSHAKE_TIMEOUT:?} of connecting"),
+                );
+                break;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "control connection failed");
                 refuse(&mut s, 0, status::BAD_REQUEST, e.to_string());
@@ -636,10 +687,7 @@ fn open(
             ),
         ));
     }
-    ctx.registry
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .claim(job, uid)?;
+    // The limits first: a refused Open claims no job name.
     ctx.take_uid_slot(uid, cfg.max_sessions_per_uid)?;
     if ctx.sessions.fetch_add(1, Ordering::AcqRel) >= cfg.max_sessions {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
@@ -648,6 +696,16 @@ fn open(
             status::LIMIT,
             format!("{} sessions are open (max_sessions)", cfg.max_sessions),
         ));
+    }
+    if let Err(r) = ctx
+        .registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .claim(job, uid)
+    {
+        ctx.sessions.fetch_sub(1, Ordering::AcqRel);
+        ctx.give_uid_slot(uid);
+        return Err(r);
     }
     let (lo, hi) = key_group_range(max_parallelism, parallelism, subtask);
     // An operator's state lives on one shard, a fixed function of its

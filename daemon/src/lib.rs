@@ -194,6 +194,7 @@ impl Daemon {
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             per_uid: Default::default(),
+            conns_per_uid: Default::default(),
         });
         let status = match StatusServer::start(ctx.clone(), started) {
             Ok(s) => s,

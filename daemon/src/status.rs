@@ -975,6 +975,7 @@ mod tests {
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             per_uid: Default::default(),
+            conns_per_uid: Default::default(),
         }
     }
 

@@ -81,8 +81,7 @@ pub const MAX_SPARE: usize = 8;
 /// blocks no one else holds, for the next blocks read: a block fetched
 /// remotely is copied into the buffer of the block its insertion evicts
 /// (a fresh page-aligned allocation, zeroed, cost more than the copy).
-/// They are reported with the cache's bytes (at most [`MAX_SPARE`] beyond
-/// its budget).
+/// They count against its budget like the blocks.
 pub struct BlockCache {
     map: FxHashMap<(u64, u32), usize>,
     entries: Vec<Option<Entry>>,
@@ -145,7 +144,14 @@ impl BlockCache {
             return;
         }
         let size = b.memory_bytes();
-        while self.bytes + size > self.budget && !self.map.is_empty() {
+        // An evicted block's buffer may become a spare (its bytes move,
+        // they are not freed); once MAX_SPARE are kept, evictions free.
+        while self.bytes + self.spare_bytes + size > self.budget {
+            if self.map.is_empty() {
+                self.spare.clear();
+                self.spare_bytes = 0;
+                break;
+            }
             let old = self.evict_one();
             self.recycle(old);
         }
@@ -221,7 +227,8 @@ impl BlockCache {
     /// error, never parsed), else a new one.
     pub fn buffer(&mut self, len: usize) -> AlignedBuf {
         match self.spare.pop() {
-            Some(mut b) if b.capacity() >= len => {
+            // Not a much larger one: the block would be charged for it.
+            Some(mut b) if b.capacity() >= len && b.capacity() <= 2 * len.max(4096) => {
                 self.spare_bytes -= b.capacity();
                 b.set_len(len);
                 b
@@ -236,7 +243,8 @@ impl BlockCache {
     }
 
     /// Keeps an evicted block's buffer as a spare if no one else holds the
-    /// block, it is block-sized, and fewer than [`MAX_SPARE`] are kept.
+    /// block, it is block-sized, fewer than [`MAX_SPARE`] are kept and they
+    /// stay within an eighth of the budget (spares never crowd out blocks).
     fn recycle(&mut self, b: Rc<Block>) {
         const MAX_SPARE_CAP: usize = 64 << 10;
         let Ok(Block {
@@ -247,7 +255,10 @@ impl BlockCache {
             return;
         };
         let cap = buf.capacity();
-        if self.spare.len() < MAX_SPARE && cap <= MAX_SPARE_CAP {
+        if self.spare.len() < MAX_SPARE
+            && cap <= MAX_SPARE_CAP
+            && self.spare_bytes + cap <= self.budget / 8
+        {
             self.spare_bytes += cap;
             self.spare.push(buf);
         }
@@ -267,32 +278,38 @@ mod tests {
         Rc::new(Block::parse(buf).unwrap())
     }
 
-    /// A full cache evicts one block per insert and keeps its buffer for
-    /// the next read (at most MAX_SPARE), counted in its bytes; a block
+    /// A full cache keeps evicted blocks' buffers for the next reads (at
+    /// most MAX_SPARE, an eighth of its budget), within its budget; a block
     /// someone still holds is not recycled.
     #[test]
-    fn evicted_buffers_are_reused_and_counted() {
+    fn evicted_buffers_are_reused_within_the_budget() {
         let size = block(0).memory_bytes();
-        let mut c = BlockCache::new(4 * size);
-        for i in 0..4 {
+        let budget = 64 * size;
+        let mut c = BlockCache::new(budget);
+        for i in 0..64 {
             c.insert(1, i, block(i));
         }
-        assert_eq!(c.bytes(), 4 * size);
+        assert_eq!(c.bytes(), budget);
         let held = c.get(1, 0).unwrap();
-        for i in 4..(8 + MAX_SPARE as u32 * 2) {
+        for i in 64..160 {
             c.insert(1, i, block(i));
+            assert!(c.bytes() <= budget);
         }
         assert_eq!(c.spare.len(), MAX_SPARE);
-        assert_eq!(c.bytes(), 4 * size + MAX_SPARE * 4096);
         assert!(c.peek_entry(1, 0).is_none() && held.view().len() == 1);
-        // A spare is handed out at the asked length, and a new buffer when
-        // none is left.
+        // Spares are handed out at the asked length, then new buffers.
+        let before = c.bytes();
         for _ in 0..MAX_SPARE + 1 {
-            let b = c.buffer(4096);
-            assert_eq!(b.len(), 4096);
+            assert_eq!(c.buffer(4096).len(), 4096);
         }
-        assert_eq!(c.bytes(), 4 * size);
-        c.set_budget(2 * size);
-        assert_eq!(c.bytes(), 2 * size);
+        assert_eq!(c.bytes(), before - MAX_SPARE * 4096);
+        c.set_budget(32 * size);
+        assert!(c.bytes() <= 32 * size && c.spare.is_empty());
+        // A tiny cache keeps no spares.
+        let mut c = BlockCache::new(4 * size);
+        for i in 0..16 {
+            c.insert(1, i, block(i));
+        }
+        assert_eq!((c.map.len(), c.spare.len()), (4, 0));
     }
 }

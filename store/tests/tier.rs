@@ -776,7 +776,9 @@ fn resets_and_hangs_fail_only_what_needs_the_remote_and_lose_nothing() {
         return;
     };
     let proxy = Proxy::start(server.port, Fault::None);
-    let attempt = Duration::from_millis(500);
+    // Long enough for a loaded machine's honest GETs; a stalled one waits
+    // it out twice (two attempts).
+    let attempt = Duration::from_secs(2);
     for (n, fault) in [Fault::ResetResponse(100), Fault::Stall]
         .into_iter()
         .enumerate()

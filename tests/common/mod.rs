@@ -313,3 +313,24 @@ impl RawSession {
         }
     }
 }
+
+/// The daemon's `/metrics`, through statorctl.
+pub fn metrics(d: &Daemon) -> String {
+    let (code, out, err) = statorctl(&[
+        "--run-dir",
+        &d.dir.join("run").display().to_string(),
+        "metrics",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+/// The value of the first sample of `name` (with its labels, if given)
+/// in a `/metrics` text.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}

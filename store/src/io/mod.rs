@@ -40,7 +40,8 @@ pub enum OpenMode {
 #[derive(Debug)]
 pub struct IoCompletion {
     pub token: u64,
-    /// The buffer of a read or write, returned to the caller.
+    /// The buffer of a read or write, returned to the caller (`None` for a
+    /// block fetch the remote tier served: see `remote_bytes`).
     pub buf: Option<AlignedBuf>,
     /// Bytes transferred, or an errno.
     pub result: Result<usize, i32>,

@@ -224,10 +224,10 @@ impl Tier {
         s
     }
 
-    /// Queues a read of `seg`'s bytes `off..off+buf.len()` from the remote
-    /// (sent with the pass's others by [`Tier::send`]).
-    /// With `buf`, the bytes are copied into it; without, the completion
-    /// carries them as fetched.
+    /// Queues a read of `seg`'s bytes `off..off+len` from the remote (sent
+    /// with the pass's others by [`Tier::send`]). With `buf` (of `len`
+    /// bytes) they are copied into it; without, the completion carries
+    /// them as fetched (`IoCompletion::remote_bytes`).
     pub fn read(
         &mut self,
         seg: &Segment,
@@ -743,10 +743,10 @@ impl<I: Io> Store<I> {
         // answer fails it as a remote error (the same restore may succeed
         // later).
         let fetch_failed = |n: &str, e: RemoteError| match e {
-            RemoteError::NotFound { .. } => refuse(n, e.to_string()),
-            e => StoreError::Remote(format!(
+            RemoteError::Failed { .. } => StoreError::Remote(format!(
                 "segment {n} is not on the local disk and fetching its metadata failed: {e}"
             )),
+            e => refuse(n, e.to_string()),
         };
         let fetched = dir.join(FETCHED_DIR);
         std::fs::create_dir_all(&fetched).map_err(|e| StoreError::io(&fetched, "create", &e))?;

@@ -144,8 +144,10 @@ impl Proxy {
                 };
                 let (c2, u2) = (c.try_clone().unwrap(), u.try_clone().unwrap());
                 let (s1, s2) = (state.clone(), state.clone());
-                std::thread::spawn(move || pipe(c2, u2, true, s1));
-                std::thread::spawn(move || pipe(u, c, false, s2));
+                let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let cut2 = cut.clone();
+                std::thread::spawn(move || pipe(c2, u2, true, s1, cut));
+                std::thread::spawn(move || pipe(u, c, false, s2, cut2));
             }
         });
         Proxy {
@@ -163,13 +165,15 @@ impl Proxy {
 }
 
 /// Copies `from` to `to` (`up`: client to server), applying the fault
-/// current at each chunk.
+/// current at each chunk. `cut`: the pair was reset (by either direction).
 fn pipe(
     mut from: TcpStream,
     mut to: TcpStream,
     up: bool,
     state: std::sync::Arc<std::sync::Mutex<(Fault, u64)>>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) {
+    use std::sync::atomic::Ordering::SeqCst;
     let mut buf = vec![0u8; 64 << 10];
     let (mut generation, mut sent) = (u64::MAX, 0usize);
     loop {
@@ -189,11 +193,13 @@ fn pipe(
             (Fault::Stall, true) => 0,
             (Fault::ResetResponse(k), false) => {
                 let _ = to.write_all(&buf[..k.min(n)]);
+                cut.store(true, SeqCst);
                 return reset(&from, &to);
             }
             (Fault::ResetRequestAfter(k), true) => {
                 sent += n;
                 if sent > k {
+                    cut.store(true, SeqCst);
                     return reset(&from, &to);
                 }
                 n
@@ -204,10 +210,16 @@ fn pipe(
             break;
         }
     }
-    let _ = to.shutdown(std::net::Shutdown::Write);
+    // A clean end passes the FIN on; after a reset nothing more is sent
+    // (a FIN now would precede the RST).
+    if !cut.load(SeqCst) {
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
 }
 
-/// Resets both connections (SO_LINGER 0, then close: the peers see RST).
+/// Resets both connections: SO_LINGER 0, and their reading sides shut
+/// (which wakes the other direction's thread without sending a FIN), so
+/// that the last close of each socket sends an RST.
 fn reset(a: &TcpStream, b: &TcpStream) {
     use std::os::fd::AsRawFd;
     for s in [a, b] {
@@ -225,7 +237,7 @@ fn reset(a: &TcpStream, b: &TcpStream) {
                 std::mem::size_of::<libc::linger>() as libc::socklen_t,
             );
         }
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = s.shutdown(std::net::Shutdown::Read);
     }
 }
 
