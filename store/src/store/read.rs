@@ -308,44 +308,41 @@ impl<I: Io> Store<I> {
             };
             let probe = &r.key[..probe_len];
             let mut next_layer = true;
-            if seg.may_contain(probe, ph) {
-                if let Some(bi) = seg.index.find(probe) {
-                    let block = match &r.hint {
-                        Some((sid, b, blk)) if *sid == seg.id && *b as usize == bi => {
-                            Some(blk.clone())
+            // Resumed with the block this layer's probe waited for: its
+            // filter and index were consulted before the wait.
+            let located = match r.hint.take() {
+                Some((sid, b, blk)) if sid == seg.id => Some((b as usize, Some(blk))),
+                _ if seg.may_contain(probe, ph) => seg.index.find(probe).map(|bi| (bi, None)),
+                _ => None,
+            };
+            if let Some((bi, hinted)) = located {
+                let block = match hinted {
+                    Some(b) => Some(b),
+                    None => self.cache.get(seg.id, bi as u32),
+                };
+                let Some(block) = block else {
+                    return Step::Wait(seg, bi as u32);
+                };
+                let view = block.view();
+                if let Some(rec) = view.find(probe) {
+                    match (r.stage, rec.kind) {
+                        (0, Kind::Put) => {
+                            if r.operands.is_empty() && r.kind != ReadKind::MapContains {
+                                let range = view.value_range(&rec);
+                                return Step::Done(Resolved::Block(block.clone(), range));
+                            }
+                            return Step::Done(finish_value(r.kind, Some(rec.value), &r.operands));
                         }
-                        _ => self.cache.get(seg.id, bi as u32),
-                    };
-                    let Some(block) = block else {
-                        return Step::Wait(seg, bi as u32);
-                    };
-                    let view = block.view();
-                    if let Some(rec) = view.find(probe) {
-                        match (r.stage, rec.kind) {
-                            (0, Kind::Put) => {
-                                if r.operands.is_empty() && r.kind != ReadKind::MapContains {
-                                    let range = view.value_range(&rec);
-                                    return Step::Done(Resolved::Block(block.clone(), range));
-                                }
-                                return Step::Done(finish_value(
-                                    r.kind,
-                                    Some(rec.value),
-                                    &r.operands,
-                                ));
-                            }
-                            (0, Kind::Delete) | (0, Kind::Clear) => {
-                                return Step::Done(finish_value(r.kind, None, &r.operands));
-                            }
-                            (0, Kind::Merge) => {
-                                r.operands.push(rec.value.to_vec());
-                            }
-                            (_, Kind::Clear) => {
-                                return Step::Done(finish_value(r.kind, None, &r.operands));
-                            }
-                            _ => {}
+                        (0, Kind::Delete) | (0, Kind::Clear) => {
+                            return Step::Done(finish_value(r.kind, None, &r.operands));
                         }
-                    } else if r.stage == 0 && r.base_len > 0 {
-                        next_layer = false;
+                        (0, Kind::Merge) => {
+                            r.operands.push(rec.value.to_vec());
+                        }
+                        (_, Kind::Clear) => {
+                            return Step::Done(finish_value(r.kind, None, &r.operands));
+                        }
+                        _ => {}
                     }
                 } else if r.stage == 0 && r.base_len > 0 {
                     next_layer = false;
