@@ -347,12 +347,15 @@ pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
                 // all, and per uid when sessions are (one tenant must not
                 // hold every connection, e.g. with half-sent frames).
                 let cfg = ctx.cfg();
-                let Ok(uid) = nix::sys::socket::getsockopt(
+                let uid = match nix::sys::socket::getsockopt(
                     &stream,
                     nix::sys::socket::sockopt::PeerCredentials,
-                )
-                .map(|c| c.uid()) else {
-                    continue;
+                ) {
+                    Ok(c) => c.uid(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "SO_PEERCRED failed; connection refused");
+                        continue;
+                    }
                 };
                 let per_uid = match cfg.max_sessions_per_uid {
                     0 => 0,
