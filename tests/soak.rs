@@ -83,20 +83,7 @@ fn dying_client() {
     let mut r = Rng(std::process::id() as u64 | 1);
     if r.below(8) == 0 {
         use std::io::Write;
-        let mut f = Vec::new();
-        stator_ring::control::Request::Open {
-            version: stator_ring::control::CONTROL_VERSION,
-            job: "dying".into(),
-            operator: "op".into(),
-            subtask: 0,
-            parallelism: 1,
-            max_parallelism: 128,
-            sq_entries: 256,
-            cq_entries: 256,
-            arena_bytes: ARENA,
-            chunk_slots: 0,
-        }
-        .encode(&mut f);
+        let f = common::open_frame("dying", 0, 1);
         let mut sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
         sock.write_all(&f[..f.len() / 2]).unwrap();
         loop {

@@ -17,6 +17,8 @@ pub struct Segment {
     /// Unique within the store (cache key).
     pub id: u64,
     pub path: PathBuf,
+    /// The file name (what manifests and the remote tier name it by).
+    pub name: Rc<str>,
     pub file: FileId,
     pub footer: Footer,
     /// Shared by every layer that references this file (a restore's
@@ -131,10 +133,7 @@ impl Segment {
 
     /// The file name (what manifests record).
     pub fn name(&self) -> String {
-        self.path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        self.name.to_string()
     }
 
     /// The same file as another layer: a new id and file handle, the
@@ -143,6 +142,7 @@ impl Segment {
         Segment {
             id,
             path: self.path.clone(),
+            name: self.name.clone(),
             file,
             footer: self.footer,
             index: self.index.clone(),
@@ -213,6 +213,7 @@ impl Segment {
         }
         Ok(Segment {
             id,
+            name: name_of(&path),
             path,
             file,
             footer,
@@ -223,6 +224,14 @@ impl Segment {
             residency: Rc::default(),
         })
     }
+}
+
+/// `path`'s file name.
+fn name_of(path: &Path) -> Rc<str> {
+    path.file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default()
+        .into()
 }
 
 /// The file name of a segment.
@@ -563,6 +572,7 @@ impl SegmentWriter {
     pub fn into_segment(mut self, id: u64) -> Segment {
         Segment {
             id,
+            name: name_of(&self.path),
             path: self.path,
             file: self.file,
             footer: self.footer,

@@ -237,20 +237,12 @@ pub struct RawSession {
     pub key_groups: (u16, u16),
 }
 
-/// Opens subtask `subtask` of `parallelism` of `job` (operator `op`, 256
-/// entries per queue, a 1 MiB arena) by hand.
-pub fn raw_session(
-    socket: &Path,
-    job: &str,
-    subtask: u32,
-    parallelism: u32,
-) -> std::io::Result<RawSession> {
-    use stator_ring::control::{CONTROL_VERSION, Request as Ctl, Response, frame_len};
-    use std::io::{Error as IoError, Write};
-    let mut sock = std::os::unix::net::UnixStream::connect(socket)?;
+/// The `Open` frame of subtask `subtask` of `parallelism` of `job`
+/// (operator `op`, 256 entries per queue, a 1 MiB arena).
+pub fn open_frame(job: &str, subtask: u32, parallelism: u32) -> Vec<u8> {
     let mut f = Vec::new();
-    Ctl::Open {
-        version: CONTROL_VERSION,
+    stator_ring::control::Request::Open {
+        version: stator_ring::control::CONTROL_VERSION,
         job: job.into(),
         operator: "op".into(),
         subtask,
@@ -262,7 +254,20 @@ pub fn raw_session(
         chunk_slots: 0,
     }
     .encode(&mut f);
-    sock.write_all(&f)?;
+    f
+}
+
+/// Opens the session [`open_frame`] describes, by hand.
+pub fn raw_session(
+    socket: &Path,
+    job: &str,
+    subtask: u32,
+    parallelism: u32,
+) -> std::io::Result<RawSession> {
+    use stator_ring::control::{Response, frame_len};
+    use std::io::{Error as IoError, Write};
+    let mut sock = std::os::unix::net::UnixStream::connect(socket)?;
+    sock.write_all(&open_frame(job, subtask, parallelism))?;
     let mut buf = vec![0u8; 70 * 1024];
     let (n, mut fds) = stator_shm::fdpass::recv_fds(&sock, &mut buf).map_err(IoError::other)?;
     let frame = n >= 4 && frame_len(buf[..4].try_into().unwrap()).is_ok_and(|len| n == len + 4);

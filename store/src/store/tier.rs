@@ -237,7 +237,7 @@ impl Tier {
         token: u64,
     ) {
         self.stats.remote_block_reads += 1;
-        let name: Rc<str> = seg.name().into();
+        let name = seg.name.clone();
         self.touch(seg);
         let end = off + len as u64;
         self.batch.push((token, name.clone(), off..end));
