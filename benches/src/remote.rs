@@ -11,6 +11,7 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use object_store::ObjectStoreExt;
@@ -20,7 +21,7 @@ use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use serde_json::json;
 use stator_store::remote::{Remote, RemoteConfig, RemoteDone, RemoteRuntime, Target};
 
-use crate::report::{Bound, Case, Reporter, histogram};
+use crate::report::{Bound, Case, Reporter, histogram, process_cpu, thread_cpu};
 use crate::store::Rng;
 
 const SUITE: &str = "remote";
@@ -162,7 +163,7 @@ fn through_store(
     use stator_store::io::UringIo;
     use stator_store::{CheckpointSpec, Op, RestoreSpec, Store, StoreConfig, TierConfig};
 
-    use crate::store::{bench_dir, skey, stator_depth, value};
+    use crate::store::{SHARD_BATCH, bench_dir, skey, stator_depth, value};
     let throttled: Arc<dyn object_store::ObjectStore> = Arc::new(ThrottledStore::new(
         mem,
         ThrottleConfig {
@@ -247,8 +248,28 @@ fn through_store(
     for &depth in depths {
         let run = format!("{}", lat.as_micros());
         let st0 = s.stats().remote.expect("tiered");
-        let c = stator_depth(&mut s, keys, depth, Duration::from_secs_f64(secs), &run);
+        let (_, rs) = s.remote_stats().expect("tiered");
+        let (gets0, get_ns0) = (
+            rs.gets.load(Ordering::Relaxed),
+            rs.get_ns.load(Ordering::Relaxed),
+        );
+        let (cpu0, pcpu0, w0) = (thread_cpu(), process_cpu(), Instant::now());
+        let c = stator_depth(
+            &mut s,
+            keys,
+            depth,
+            SHARD_BATCH,
+            Duration::from_secs_f64(secs),
+            &run,
+        );
+        let (cpu, pcpu) = (thread_cpu() - cpu0, process_cpu() - pcpu0);
+        let gets_done = (c.ops_per_sec * w0.elapsed().as_secs_f64()).max(1.0);
+        let shard_ns = cpu.as_nanos() as f64 / gets_done;
+        let others_ns = pcpu.saturating_sub(cpu).as_nanos() as f64 / gets_done;
         let st = s.stats().remote.expect("tiered");
+        let gets = rs.gets.load(Ordering::Relaxed) - gets0;
+        let get_ms_mean =
+            (rs.get_ns.load(Ordering::Relaxed) - get_ns0) as f64 / gets.max(1) as f64 / 1e6;
         let little = depth as f64 / lat.as_secs_f64();
         let remote_per_get = (st.remote_block_reads - st0.remote_block_reads) as f64
             / (c.ops_per_sec * secs).max(1.0);
@@ -267,7 +288,11 @@ fn through_store(
                 (remote_per_get * 1000.0).round() / 1000.0,
             )
             .with("littles_law_ops_per_sec", little.round())
-            .with("of_littles_law", (ratio * 1000.0).round() / 1000.0),
+            .with("of_littles_law", (ratio * 1000.0).round() / 1000.0)
+            .with("gets_issued", gets)
+            .with("shard_cpu_ns_per_get", shard_ns.round())
+            .with("runtime_cpu_ns_per_get", others_ns.round())
+            .with("get_ms_mean", (get_ms_mean * 100.0).round() / 100.0),
         );
     }
     out

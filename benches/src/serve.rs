@@ -20,7 +20,7 @@ use stator_store::io::UringIo;
 use stator_store::{Op, Store};
 
 use crate::c_abi::{CSession, Submitted};
-use crate::report::{Bound, Case, Reporter, histogram};
+use crate::report::{Bound, Case, Reporter, histogram, thread_cpu};
 use crate::store::{Rng, batched_gets, map_peer, single_gets, skey, value};
 
 const SUITE: &str = "serve";
@@ -211,12 +211,6 @@ struct Run {
     errors: u64,
     /// CPU time of the client thread(s).
     cpu: Duration,
-}
-
-/// CPU time this thread has used.
-fn thread_cpu() -> Duration {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .map_or(Duration::ZERO, Duration::from)
 }
 
 impl Run {

@@ -572,12 +572,26 @@ fn larger_than_memory(args: &StoreArgs, r: &mut Reporter, n: u64, budget: usize,
     // Stator again; the ratio takes the mean of the two Stator runs.
     let mut stator_d32 = 0.0;
     for depth in [1usize, 32, 256] {
-        let a = stator_depth(&mut s, n, depth, Duration::from_secs(secs), "a")
-            .named(SUITE, format!("big_get_depth{depth}_stator_a"));
+        let a = stator_depth(
+            &mut s,
+            n,
+            depth,
+            SHARD_BATCH,
+            Duration::from_secs(secs),
+            "a",
+        )
+        .named(SUITE, format!("big_get_depth{depth}_stator_a"));
         r.case(&a);
         let f = fio(r, &path, depth, secs.min(10));
-        let b = stator_depth(&mut s, n, depth, Duration::from_secs(secs), "b")
-            .named(SUITE, format!("big_get_depth{depth}_stator_b"));
+        let b = stator_depth(
+            &mut s,
+            n,
+            depth,
+            SHARD_BATCH,
+            Duration::from_secs(secs),
+            "b",
+        )
+        .named(SUITE, format!("big_get_depth{depth}_stator_b"));
         r.case(&b);
         let mean = (a.ops_per_sec + b.ops_per_sec) / 2.0;
         if depth == 32 {
@@ -630,13 +644,20 @@ fn larger_than_memory(args: &StoreArgs, r: &mut Reporter, n: u64, budget: usize,
     }
 }
 
-/// Uniform random gets with `depth` in flight for `dur`.
+/// New requests a shard takes from a session per pass (statord's default
+/// `session.batch`).
+pub(crate) const SHARD_BATCH: usize = 64;
+
 /// Random gets of keys `0..n` (loaded with `skey`) kept `depth` in flight
-/// for `dur`; a case to be named by the caller.
+/// for `dur`; a case to be named by the caller. The loop is a shard's:
+/// at most `batch` new gets per pass go through `submit_batch` (the
+/// daemon's `session.batch`), then the store is polled, so a pass's I/O is
+/// sent while the next pass is prepared instead of after every refill.
 pub(crate) fn stator_depth(
     s: &mut Store<UringIo>,
     n: u64,
     depth: usize,
+    batch: usize,
     dur: Duration,
     run: &str,
 ) -> Case {
@@ -644,7 +665,9 @@ pub(crate) fn stator_depth(
     let mut rng = Rng(99 + depth as u64 + run.bytes().map(|b| b as u64 * 1000).sum::<u64>());
     let mut h = histogram();
     let mut started: Slab<Instant> = Slab::with_capacity(depth);
-    let mut kb = [0u8; 8];
+    let batch = batch.max(1);
+    let mut kbs = vec![[0u8; 8]; batch];
+    let mut tokens: Vec<u64> = Vec::with_capacity(batch);
     let mut done = 0u64;
     let mut missing = 0u64;
     let mut errors = 0u64;
@@ -653,13 +676,29 @@ pub(crate) fn stator_depth(
     let t = Instant::now();
     let end = t + dur;
     while Instant::now() < end {
-        while started.len() < depth {
-            let i = rng.below(n);
+        let want = depth.saturating_sub(started.len()).min(batch);
+        if want > 0 {
             let now = Instant::now();
-            let slot = started.insert(now);
-            match s.submit(slot as u64, Op::Get(skey(i, &mut kb))) {
+            tokens.clear();
+            for kb in kbs.iter_mut().take(want) {
+                *kb = rng.below(n).to_be_bytes();
+                tokens.push(started.insert(now) as u64);
+            }
+            let ops: Vec<Op<'_>> = kbs[..want]
+                .iter()
+                .map(|kb| {
+                    let i = u64::from_be_bytes(*kb);
+                    Op::Get(KeyRef {
+                        key_group: (i % MAX_PARALLELISM) as u16,
+                        state: 1,
+                        key: kb,
+                        namespace: b"",
+                    })
+                })
+                .collect();
+            s.submit_batch(&tokens, &ops, |i, res| match res {
                 Ok(Submitted::Ready(o)) => {
-                    started.remove(slot);
+                    started.remove(tokens[i] as usize);
                     h.record(now.elapsed().as_nanos().max(1) as u64)
                         .expect("in range");
                     done += 1;
@@ -667,10 +706,10 @@ pub(crate) fn stator_depth(
                 }
                 Ok(Submitted::Pending) => {}
                 Err(_) => {
-                    started.remove(slot);
+                    started.remove(tokens[i] as usize);
                     errors += 1;
                 }
-            }
+            });
         }
         let got = s.poll(|tok, res| {
             let t0 = started.remove(tok as usize);
