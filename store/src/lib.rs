@@ -39,6 +39,8 @@ pub mod keys;
 pub mod manifest;
 pub mod memtable;
 pub mod ops;
+mod pool;
+mod prefetch;
 pub mod remote;
 pub mod segment;
 pub mod snapshot;

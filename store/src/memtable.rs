@@ -18,6 +18,7 @@ use std::ops::Bound;
 
 use crate::format::Kind;
 use crate::hugemem::HugeArray;
+use crate::prefetch::line as prefetch;
 
 /// Log chunk size: one huge page each (see `hugemem`).
 const CHUNK: usize = 2 << 20;
@@ -58,17 +59,6 @@ pub struct Memtable {
 #[inline]
 fn tag_of(h: u64) -> u64 {
     h >> 48
-}
-
-#[inline]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 impl Memtable {
