@@ -198,16 +198,31 @@ impl<'a> BlockView<'a> {
                     .ok_or(Malformed("record count overflows"))?,
             )
             .ok_or(Malformed("record table larger than the payload"))?;
-        let v = BlockView {
+        // Validate every record's bounds once, so lookups can index freely:
+        // one pass over the record table, one branch per record (the
+        // remote runtime runs this for every fetched block).
+        for c in payload[offs_at..payload.len() - 4].chunks_exact(4) {
+            let off = u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize;
+            let Some(h) = payload.get(off..off + RECORD_HEADER) else {
+                return Err(Malformed("record header out of bounds"));
+            };
+            let klen = u16::from_le_bytes([h[2], h[3]]) as usize;
+            let vlen = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
+            // No overflow: off < 2^32, klen < 2^16, vlen < 2^32.
+            let end = off + RECORD_HEADER + klen + vlen;
+            if end > offs_at || Kind::from_u8(h[0]).is_none() {
+                return Err(Malformed(if Kind::from_u8(h[0]).is_none() {
+                    "unknown record kind"
+                } else {
+                    "record runs past the record table"
+                }));
+            }
+        }
+        Ok(BlockView {
             payload,
             offs_at,
             n,
-        };
-        // Validate every record's bounds once, so lookups can index freely.
-        for i in 0..n {
-            v.try_record(i)?;
-        }
-        Ok(v)
+        })
     }
 
     /// Rebuilds a view of a block that [`BlockView::parse`] validated before
@@ -282,7 +297,7 @@ impl<'a> BlockView<'a> {
         let (mut lo, mut hi) = (0, self.n);
         while lo < hi {
             let mid = (lo + hi) / 2;
-            if self.record(mid).key < key {
+            if self.key(mid) < key {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -358,20 +373,93 @@ impl<'a> BlockView<'a> {
 
 /// The in-memory block index of a segment: for each block, its offset,
 /// length and last key, keys packed in one buffer.
+///
+/// Searching it is on every read's path, so [`BlockIndex::seal`] adds two
+/// aids. Blocks whose last keys begin with the same two bytes (a key
+/// group) form a *run*, whose keys share a longer prefix too (the state id
+/// and key length of fixed-size keys): each run keeps that prefix length
+/// and its last key, in a small array that stays in cache. For each block,
+/// `heads` holds the 8 bytes of its last key after its run's prefix, as a
+/// big-endian integer. A search finds the run among the few run keys, then
+/// compares integers within it, and reads a whole key only where two heads
+/// tie. (The first 8 bytes of a key are its key group, state id and half
+/// its length: they tie across a whole key group.)
 #[derive(Default, Debug, Clone)]
 pub struct BlockIndex {
     keys: Vec<u8>,
     key_ends: Vec<u32>,
     offsets: Vec<u64>,
     lens: Vec<u32>,
+    /// Built by `seal` (empty until then, and after a `push`).
+    heads: Vec<u64>,
+    runs: Vec<Run>,
+    /// Each run's last key, packed (`Run::key_end`).
+    run_keys: Vec<u8>,
+}
+
+/// Blocks `..end` (from the previous run's end) whose last keys share
+/// their first `prefix` bytes; its last key ends at `key_end` of
+/// `BlockIndex::run_keys`.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    end: u32,
+    prefix: u32,
+    key_end: u32,
+}
+
+/// A key's first 8 bytes, zero-padded, big-endian: `head(a) < head(b)`
+/// implies `a < b` (equal heads decide nothing).
+#[inline]
+fn head(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = key.len().min(8);
+    b[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(b)
 }
 
 impl BlockIndex {
+    /// Adds the next block (last keys ascending). Call [`BlockIndex::seal`]
+    /// after the last one.
     pub fn push(&mut self, offset: u64, len: u32, last_key: &[u8]) {
         self.keys.extend_from_slice(last_key);
         self.key_ends.push(self.keys.len() as u32);
         self.offsets.push(offset);
         self.lens.push(len);
+        if !self.runs.is_empty() {
+            self.heads.clear();
+            self.runs.clear();
+            self.run_keys.clear();
+        }
+    }
+
+    /// Builds the search aids (see the type): runs and heads.
+    pub fn seal(&mut self) {
+        let n = self.len();
+        let (mut heads, mut runs, mut run_keys) = (Vec::with_capacity(n), Vec::new(), Vec::new());
+        let mut a = 0;
+        while a < n {
+            // Keys shorter than two bytes make runs of their own.
+            let tag = self.last_key(a).get(..2);
+            let mut b = a + 1;
+            while b < n && tag.is_some() && self.last_key(b).get(..2) == tag {
+                b += 1;
+            }
+            // Keys sorted between the run's first and last share the
+            // prefix those two share.
+            let (first, last) = (self.last_key(a), self.last_key(b - 1));
+            let prefix = first.iter().zip(last).take_while(|(x, y)| x == y).count();
+            heads.extend((a..b).map(|i| head(&self.last_key(i)[prefix..])));
+            run_keys.extend_from_slice(last);
+            runs.push(Run {
+                end: b as u32,
+                prefix: prefix as u32,
+                key_end: run_keys.len() as u32,
+            });
+            a = b;
+        }
+        self.heads = heads;
+        self.runs = runs;
+        self.run_keys = run_keys;
     }
 
     pub fn len(&self) -> usize {
@@ -391,12 +479,74 @@ impl BlockIndex {
         &self.keys[start..self.key_ends[i] as usize]
     }
 
+    fn run_key(&self, r: usize) -> &[u8] {
+        let start = if r == 0 {
+            0
+        } else {
+            self.runs[r - 1].key_end as usize
+        };
+        &self.run_keys[start..self.runs[r].key_end as usize]
+    }
+
     pub fn block(&self, i: usize) -> (u64, u32) {
         (self.offsets[i], self.lens[i])
     }
 
+    /// Starts loading what [`BlockIndex::block`] reads for `i`.
+    #[inline]
+    pub(crate) fn prefetch(&self, i: usize) {
+        if let (Some(o), Some(l)) = (self.offsets.get(i), self.lens.get(i)) {
+            crate::prefetch::value(o, 1);
+            crate::prefetch::value(l, 1);
+        }
+    }
+
     /// The block that may hold `key`: the first whose last key is >= it.
     pub fn find(&self, key: &[u8]) -> Option<usize> {
+        if self.runs.is_empty() {
+            // Not sealed: a plain binary search over the keys.
+            return self.find_plain(key);
+        }
+        // The first run whose last key is >= key.
+        let (mut lo, mut hi) = (0, self.runs.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.run_key(mid) < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if lo == self.runs.len() {
+            return None;
+        }
+        let run = self.runs[lo];
+        let start = if lo == 0 {
+            0
+        } else {
+            self.runs[lo - 1].end as usize
+        };
+        let prefix = run.prefix as usize;
+        // `key` is at most the run's last key, which begins with the
+        // prefix: a key that does not sorts before the whole run.
+        if !key.starts_with(&self.run_key(lo)[..prefix]) {
+            return Some(start);
+        }
+        let kh = head(&key[prefix..]);
+        let (mut lo, mut hi) = (start, run.end as usize);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let hm = self.heads[mid];
+            if hm < kh || (hm == kh && self.last_key(mid) < key) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(lo)
+    }
+
+    fn find_plain(&self, key: &[u8]) -> Option<usize> {
         let (mut lo, mut hi) = (0, self.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
@@ -410,7 +560,10 @@ impl BlockIndex {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.keys.capacity()
+        self.heads.capacity() * 8
+            + self.runs.capacity() * std::mem::size_of::<Run>()
+            + self.run_keys.capacity()
+            + self.keys.capacity()
             + self.key_ends.capacity() * 4
             + self.offsets.capacity() * 8
             + self.lens.capacity() * 4
@@ -464,6 +617,7 @@ impl BlockIndex {
         if !b.is_empty() || next_off != data_len {
             return Err(Malformed("index does not cover the data exactly"));
         }
+        ix.seal();
         Ok(ix)
     }
 }
@@ -585,6 +739,98 @@ pub fn footer_page(file_len: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `find` against a scan, sealed and not, over keys that share heads,
+    /// run tags and prefixes, are shorter than 8 bytes or end in zeros.
+    fn check_index(mut keys: Vec<Vec<u8>>, extra_probes: &[Vec<u8>]) {
+        keys.sort();
+        keys.dedup();
+        let mut ix = BlockIndex::default();
+        for (i, k) in keys.iter().enumerate() {
+            ix.push(i as u64 * 4096, 4096, k);
+        }
+        let mut probes = keys.clone();
+        probes.extend_from_slice(extra_probes);
+        for k in &keys {
+            let mut shorter = k.clone();
+            shorter.pop();
+            let mut longer = k.clone();
+            longer.push(0);
+            let mut bumped = k.clone();
+            if let Some(b) = bumped.last_mut() {
+                *b = b.wrapping_add(1);
+            }
+            probes.extend([shorter, longer, bumped]);
+        }
+        probes.push(Vec::new());
+        for sealed in [false, true] {
+            if sealed {
+                ix.seal();
+            }
+            for p in &probes {
+                let scan = keys.iter().position(|k| k.as_slice() >= p.as_slice());
+                assert_eq!(ix.find(p), scan, "probe {p:?} (sealed: {sealed})");
+            }
+        }
+    }
+
+    #[test]
+    fn index_search_agrees_with_a_scan_where_heads_tie() {
+        check_index(
+            vec![
+                vec![0],
+                vec![0, 0],
+                vec![1],
+                vec![1, 2, 3, 4, 5, 6, 7, 8],
+                vec![1, 2, 3, 4, 5, 6, 7, 8, 0],
+                vec![1, 2, 3, 4, 5, 6, 7, 8, 0, 1],
+                vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
+                vec![1, 2, 3, 4, 5, 6, 7, 9],
+                vec![1, 2, 9],
+                vec![1, 3],
+                vec![9; 20],
+            ],
+            &[vec![1, 2], vec![1, 2, 3], vec![1, 2, 4], vec![2]],
+        );
+    }
+
+    #[test]
+    fn index_search_agrees_with_a_scan_on_random_keys() {
+        // Keys as the store encodes them (key group, state, length, key)
+        // and arbitrary short ones, from a small alphabet so prefixes and
+        // heads tie often.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..200 {
+            let n = 1 + (next() % 300) as usize;
+            let mut keys = Vec::new();
+            for _ in 0..n {
+                let k: Vec<u8> = if round % 2 == 0 {
+                    let mut k = Vec::new();
+                    crate::keys::encode_base(
+                        &mut k,
+                        (next() % 4) as u16,
+                        (next() % 2) as u32,
+                        &(next() % 1000).to_be_bytes(),
+                        b"",
+                    );
+                    k
+                } else {
+                    (0..next() % 12).map(|_| (next() % 3) as u8).collect()
+                };
+                keys.push(k);
+            }
+            let probes: Vec<Vec<u8>> = (0..50)
+                .map(|_| (0..next() % 24).map(|_| (next() % 4) as u8).collect())
+                .collect();
+            check_index(keys, &probes);
+        }
+    }
 
     #[test]
     fn block_roundtrip_and_corruption() {

@@ -576,7 +576,11 @@ impl SegmentWriter {
             path: self.path,
             file: self.file,
             footer: self.footer,
-            index: Rc::new(std::mem::take(&mut self.index)),
+            index: Rc::new({
+                let mut ix = std::mem::take(&mut self.index);
+                ix.seal();
+                ix
+            }),
             filter: Rc::new(self.filter.take().expect("finish() built the filter")),
             file_len: self.offset,
             clip: None,
