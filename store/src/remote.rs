@@ -105,14 +105,25 @@ pub enum RemoteError {
 /// What a completed request produced.
 #[derive(Debug)]
 pub enum RemoteDone {
-    /// The bytes of the range asked for.
+    /// The bytes of the range asked for: a slice of its GET's body when
+    /// the range is at least half of it, else a copy of its own (so what a
+    /// holder keeps alive stays within twice what it asked for).
     Bytes(Bytes),
+    /// The bytes of a range read by [`Remote::get_checked`], with what its
+    /// check made of them (on the runtime, not the shard).
+    Checked(Bytes, Result<(usize, usize), &'static str>),
     Uploaded,
     Deleted,
     /// Object names under the listed prefix (relative to the tier's
     /// prefix) with their sizes.
     Listed(Vec<(String, u64)>),
 }
+
+/// A check of a range's bytes run on the runtime before they are handed
+/// over ([`Remote::get_checked`]): the store's block check (checksum and
+/// record table), so that the shard thread does not read every fetched
+/// byte again. What it returns rides along with the bytes.
+pub type Check = fn(&[u8]) -> Result<(usize, usize), &'static str>;
 
 /// Counters of one client (all relaxed; read by the status socket).
 #[derive(Debug, Default)]
@@ -207,6 +218,9 @@ pub struct Remote {
     stats: Arc<RemoteStats>,
     /// Requests submitted whose outcome was not polled yet.
     outstanding: usize,
+    /// Swapped with the queue's vector at each poll (and emptied), so that
+    /// neither side allocates or regrows one per batch.
+    spare: Vec<Outcome>,
 }
 
 /// The object store `cfg` names.
@@ -282,6 +296,24 @@ async fn with_retries<T, F, Fut>(
     stats: &RemoteStats,
     op: &'static str,
     path: &ObjPath,
+    attempt: F,
+) -> Result<T, RemoteError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, object_store::Error>>,
+{
+    with_retries_after(cfg, timeout, stats, op, path, (0, String::new()), attempt).await
+}
+
+/// `with_retries` after `made.0` attempts made elsewhere, the last of which
+/// failed with `made.1` (in a way that may pass).
+async fn with_retries_after<T, F, Fut>(
+    cfg: &RemoteConfig,
+    timeout: Duration,
+    stats: &RemoteStats,
+    op: &'static str,
+    path: &ObjPath,
+    (made, last): (u32, String),
     mut attempt: F,
 ) -> Result<T, RemoteError>
 where
@@ -289,7 +321,20 @@ where
     Fut: std::future::Future<Output = Result<T, object_store::Error>>,
 {
     let mut wait = cfg.backoff;
-    let mut tries = 0;
+    let mut tries = made;
+    if made > 0 {
+        if tries > cfg.retries {
+            return Err(RemoteError::Failed {
+                op,
+                path: path.to_string(),
+                attempts: tries,
+                msg: last,
+            });
+        }
+        stats.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
     loop {
         tries += 1;
         let msg = match tokio::time::timeout(timeout, attempt()).await {
@@ -367,6 +412,7 @@ impl Remote {
             }),
             stats: Arc::default(),
             outstanding: 0,
+            spare: Vec::new(),
         })
     }
 
@@ -419,12 +465,23 @@ impl Remote {
     /// Ranges of one object are coalesced; each token completes with its
     /// own bytes (or the error of the GET that held it).
     ///
-    /// One task runs the whole batch: its GETs are futures of one
-    /// `FuturesUnordered` (no task spawned per GET), and every outcome
-    /// ready at once is handed over in one push (one lock, one wake of the
-    /// shard), which is what lets a thread sustain hundreds of thousands of
-    /// GETs a second.
+    /// One task runs the whole batch ([`run_batch`]): its GETs are futures
+    /// of one `FuturesUnordered` (no task spawned per GET), their first
+    /// attempts share one deadline and one acquisition of slots, and every
+    /// outcome ready at once is handed over in one push (one lock, one wake
+    /// of the shard), which is what lets a thread sustain hundreds of
+    /// thousands of GETs a second.
     pub fn get_blocks(&mut self, wanted: &[(u64, &str, Range<u64>)]) {
+        self.get(wanted, None);
+    }
+
+    /// [`Remote::get_blocks`], each range's bytes passed through `check` on
+    /// the runtime: they complete as [`RemoteDone::Checked`].
+    pub fn get_checked(&mut self, wanted: &[(u64, &str, Range<u64>)], check: Check) {
+        self.get(wanted, Some(check));
+    }
+
+    fn get(&mut self, wanted: &[(u64, &str, Range<u64>)], check: Option<Check>) {
         if wanted.is_empty() {
             return;
         }
@@ -436,34 +493,30 @@ impl Remote {
         self.stats
             .ranges
             .fetch_add(wanted.len() as u64, Ordering::Relaxed);
-        let mut gets: Vec<(Arc<ObjPath>, Range<u64>, Vec<Wanted>)> = Vec::new();
+        let mut gets: Vec<Get> = Vec::new();
         for (name, ranges) in by_object {
             // One path per object, shared by its GETs.
             let path = Arc::new(self.path(name));
             for (span, members) in coalesce(ranges, self.cfg.coalesce_gap, self.cfg.max_get_bytes) {
-                gets.push((Arc::clone(&path), span, members));
+                gets.push(Get {
+                    path: Arc::clone(&path),
+                    span,
+                    members,
+                });
             }
         }
         let (store, cfg, stats, queue) = self.handles();
-        let slots = self.slots.clone();
-        self.rt.spawn(async move {
-            use futures_util::stream::{FuturesUnordered, StreamExt};
-            let mut running: FuturesUnordered<_> = gets
-                .into_iter()
-                .map(|(path, span, members)| {
-                    one_get(&*store, &cfg, &stats, &slots, path, span, members)
-                })
-                .collect();
-            let mut ready: Vec<Outcome> = Vec::new();
-            while let Some(out) = running.next().await {
-                ready.extend(out);
-                // Whatever else finished meanwhile goes in the same push.
-                while let Some(Some(out)) = futures_util::FutureExt::now_or_never(running.next()) {
-                    ready.extend(out);
-                }
-                queue.push(ready.drain(..));
-            }
-        });
+        // A batch larger than the slots runs as several, each taking its
+        // slots at once.
+        let max = cfg.max_in_flight.max(1);
+        while gets.len() > max {
+            let rest = gets.split_off(max);
+            let part = std::mem::replace(&mut gets, rest);
+            let h = (store.clone(), cfg.clone(), stats.clone(), queue.clone());
+            self.rt.spawn(run_batch(h, self.slots.clone(), part, check));
+        }
+        let h = (store, cfg, stats, queue);
+        self.rt.spawn(run_batch(h, self.slots.clone(), gets, check));
     }
 
     /// Uploads local file `file` as object `name` (multipart, a few parts
@@ -594,16 +647,18 @@ impl Remote {
         if self.queue.len.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        // Taken and cleared under the lock pushes ring under.
-        let taken = {
+        // Taken and cleared under the lock pushes ring under; the queue
+        // keeps the emptied vector of the last poll (its capacity).
+        debug_assert!(self.spare.is_empty());
+        {
             let mut d = self.queue.done.lock().unwrap_or_else(|p| p.into_inner());
             self.queue.len.fetch_sub(d.len() as u64, Ordering::Release);
             let _ = self.queue.bell.read();
-            std::mem::take(&mut *d)
-        };
-        let n = taken.len();
+            std::mem::swap(&mut *d, &mut self.spare);
+        }
+        let n = self.spare.len();
         self.outstanding -= n;
-        for (t, r) in taken {
+        for (t, r) in self.spare.drain(..) {
             f(t, r);
         }
         n
@@ -631,40 +686,262 @@ impl Remote {
     }
 }
 
-/// One coalesced GET (after a slot among `max_in_flight`), with its
-/// retries: the outcome of each member.
-async fn one_get(
+/// One coalesced GET: an object's span and the members that want parts
+/// of it.
+struct Get {
+    path: Arc<ObjPath>,
+    span: Range<u64>,
+    members: Vec<Wanted>,
+}
+
+/// What a batch's task needs of its client.
+type Handles = (
+    Arc<dyn ObjectStore>,
+    Arc<RemoteConfig>,
+    Arc<RemoteStats>,
+    Arc<Queue>,
+);
+
+/// A GET's later attempts (`retry_get`), by its index in the batch.
+type Retry = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (usize, Result<Bytes, RemoteError>)> + Send>,
+>;
+
+/// What `run_batch` waits for next.
+enum Event {
+    First(usize, Result<Bytes, object_store::Error>),
+    Retried(usize, Result<Bytes, RemoteError>),
+    Deadline,
+    Finished,
+}
+
+/// Runs one batch of GETs to an outcome for every member.
+///
+/// The first attempts start together, after one acquisition of a slot each
+/// (FIFO behind earlier batches), under one deadline: one timer and one
+/// clock read per batch, not per GET, because at hundreds of thousands of
+/// GETs a second those were a fifth of the runtime thread. A GET that fails
+/// in a way that may pass, or is still unanswered at the deadline, hands
+/// its slot back and is retried on its own ([`with_retries`]: a slot, a
+/// timeout and a backoff per attempt; retries are rare).
+async fn run_batch(
+    h: Handles,
+    slots: Arc<tokio::sync::Semaphore>,
+    mut gets: Vec<Get>,
+    check: Option<Check>,
+) {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let (store, cfg, stats, queue) = h.clone();
+    let n = gets.len();
+    // The semaphore is never closed; `get_blocks` caps a batch at its size.
+    if let Ok(p) = slots.acquire_many(n as u32).await {
+        p.forget();
+    }
+    stats.gets.fetch_add(n as u64, Ordering::Relaxed);
+    stats.gets_in_flight.fetch_add(n as u64, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let mut deadline = std::pin::pin!(tokio::time::sleep(cfg.timeout));
+    let mut first: FuturesUnordered<_> = gets
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let (store, path, span) = (store.clone(), g.path.clone(), g.span.clone());
+            async move { (i, store.get_range(&path, span).await) }
+        })
+        .collect();
+    let mut answered = vec![false; n];
+    let mut retried: FuturesUnordered<Retry> = FuturesUnordered::new();
+    // The slot and in-flight count of a first attempt that ended.
+    let first_ended = |k: usize| {
+        if k > 0 {
+            slots.add_permits(k);
+            stats.gets_in_flight.fetch_sub(k as u64, Ordering::Relaxed);
+        }
+    };
+    let mut ready: Vec<Outcome> = Vec::new();
+    loop {
+        let event = std::future::poll_fn(|cx| {
+            use std::task::Poll;
+            if !first.is_empty()
+                && let Poll::Ready(Some((i, r))) = first.poll_next_unpin(cx)
+            {
+                return Poll::Ready(Event::First(i, r));
+            }
+            if !retried.is_empty()
+                && let Poll::Ready(Some((i, r))) = retried.poll_next_unpin(cx)
+            {
+                return Poll::Ready(Event::Retried(i, r));
+            }
+            if first.is_empty() && retried.is_empty() {
+                return Poll::Ready(Event::Finished);
+            }
+            if !first.is_empty() && deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Event::Deadline);
+            }
+            Poll::Pending
+        })
+        .await;
+        // One clock read for everything that ended at this wake.
+        let now = Instant::now();
+        let mut event = event;
+        let mut ended = 0;
+        loop {
+            match event {
+                Event::Finished => break,
+                Event::First(i, r) => {
+                    answered[i] = true;
+                    ended += 1;
+                    let g = &mut gets[i];
+                    match r {
+                        Err(e) if transient(&e) && cfg.retries > 0 => {
+                            retried.push(retry_later(&h, &slots, i, g, e.to_string()));
+                        }
+                        r => {
+                            stats.record_get(now.duration_since(t0));
+                            let r = r.map_err(|e| first_error(&g.path, e));
+                            finish_get(&stats, g, r, check, &mut ready);
+                        }
+                    }
+                }
+                Event::Retried(i, r) => {
+                    stats.record_get(now.duration_since(t0));
+                    finish_get(&stats, &mut gets[i], r, check, &mut ready);
+                }
+                Event::Deadline => {
+                    // Every first attempt still out missed the deadline.
+                    first = FuturesUnordered::new();
+                    let msg = format!("no answer within {:?}", cfg.timeout);
+                    for (i, g) in gets.iter_mut().enumerate() {
+                        if std::mem::replace(&mut answered[i], true) {
+                            continue;
+                        }
+                        ended += 1;
+                        if cfg.retries > 0 {
+                            retried.push(retry_later(&h, &slots, i, g, msg.clone()));
+                        } else {
+                            stats.record_get(now.duration_since(t0));
+                            let e = RemoteError::Failed {
+                                op: "GET",
+                                path: g.path.to_string(),
+                                attempts: 1,
+                                msg: msg.clone(),
+                            };
+                            finish_get(&stats, g, Err(e), check, &mut ready);
+                        }
+                    }
+                }
+            }
+            // Whatever else ended meanwhile goes in the same push.
+            event = match futures_util::FutureExt::now_or_never(first.next()) {
+                Some(Some((i, r))) => Event::First(i, r),
+                _ => match futures_util::FutureExt::now_or_never(retried.next()) {
+                    Some(Some((i, r))) => Event::Retried(i, r),
+                    _ => Event::Finished,
+                },
+            };
+        }
+        first_ended(ended);
+        if !ready.is_empty() {
+            queue.push(ready.drain(..));
+        }
+        if first.is_empty() && retried.is_empty() {
+            return;
+        }
+    }
+}
+
+/// GET `i` of a batch (`g`) retried on its own after a first attempt that
+/// failed with `msg` in a way that may pass.
+fn retry_later(
+    (store, cfg, stats, _): &Handles,
+    slots: &Arc<tokio::sync::Semaphore>,
+    i: usize,
+    g: &Get,
+    msg: String,
+) -> Retry {
+    let (store, cfg, stats, slots) = (store.clone(), cfg.clone(), stats.clone(), slots.clone());
+    let (path, span) = (g.path.clone(), g.span.clone());
+    Box::pin(async move {
+        let r = retry_get(&*store, &cfg, &stats, &slots, &path, span, 1, msg).await;
+        (i, r)
+    })
+}
+
+/// The error of a first attempt that is not retried.
+fn first_error(path: &ObjPath, e: object_store::Error) -> RemoteError {
+    match e {
+        object_store::Error::NotFound { .. } => RemoteError::NotFound {
+            path: path.to_string(),
+        },
+        e => RemoteError::Failed {
+            op: "GET",
+            path: path.to_string(),
+            attempts: 1,
+            msg: e.to_string(),
+        },
+    }
+}
+
+/// Attempts after the first `tries` of one GET, each with a slot, the
+/// timeout and exponential backoff; `msg` says why the last one failed.
+#[allow(clippy::too_many_arguments)]
+async fn retry_get(
     store: &dyn ObjectStore,
     cfg: &RemoteConfig,
     stats: &RemoteStats,
     slots: &tokio::sync::Semaphore,
-    path: Arc<ObjPath>,
+    path: &ObjPath,
     span: Range<u64>,
-    members: Vec<Wanted>,
-) -> Vec<Outcome> {
+    tries: u32,
+    msg: String,
+) -> Result<Bytes, RemoteError> {
     let _slot = slots.acquire().await;
     stats.gets_in_flight.fetch_add(1, Ordering::Relaxed);
-    stats.gets.fetch_add(1, Ordering::Relaxed);
-    let t0 = Instant::now();
-    let r = with_retries(cfg, cfg.timeout, stats, "GET", &path, || {
-        store.get_range(&path, span.clone())
+    let r = with_retries_after(cfg, cfg.timeout, stats, "GET", path, (tries, msg), || {
+        store.get_range(path, span.clone())
     })
     .await;
-    stats.record_get(t0.elapsed());
     stats.gets_in_flight.fetch_sub(1, Ordering::Relaxed);
+    r
+}
+
+/// The outcome of each member of `g` from its GET's result.
+fn finish_get(
+    stats: &RemoteStats,
+    g: &mut Get,
+    r: Result<Bytes, RemoteError>,
+    check: Option<Check>,
+    ready: &mut Vec<Outcome>,
+) {
+    let span = g.span.clone();
+    let members = std::mem::take(&mut g.members);
     match r {
         Ok(b) if b.len() as u64 == span.end - span.start => {
             stats
                 .bytes_fetched
                 .fetch_add(b.len() as u64, Ordering::Relaxed);
-            members
-                .into_iter()
-                .map(|(m, t)| {
-                    let s = (m.start - span.start) as usize;
-                    let e = (m.end - span.start) as usize;
-                    (t, Ok(RemoteDone::Bytes(b.slice(s..e))))
-                })
-                .collect()
+            // A member shares the GET's bytes when it is at least half of
+            // them (its holder is charged for what it keeps alive within
+            // 2x); otherwise it gets a copy of its own, made here, on the
+            // runtime, rather than on the shard that receives it.
+            let whole = b.len();
+            ready.extend(members.into_iter().map(|(m, t)| {
+                let s = (m.start - span.start) as usize;
+                let e = (m.end - span.start) as usize;
+                let bytes = if 2 * (e - s) >= whole {
+                    b.slice(s..e)
+                } else {
+                    Bytes::copy_from_slice(&b[s..e])
+                };
+                let done = match check {
+                    Some(c) => {
+                        let shape = c(&bytes);
+                        RemoteDone::Checked(bytes, shape)
+                    }
+                    None => RemoteDone::Bytes(bytes),
+                };
+                (t, Ok(done))
+            }));
         }
         other => {
             stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -672,7 +949,7 @@ async fn one_get(
                 Err(e) => e,
                 Ok(b) => RemoteError::Failed {
                     op: "GET",
-                    path: path.to_string(),
+                    path: g.path.to_string(),
                     attempts: 1,
                     msg: format!(
                         "range {span:?} returned {} bytes (the object is shorter)",
@@ -680,10 +957,7 @@ async fn one_get(
                     ),
                 },
             };
-            members
-                .into_iter()
-                .map(|(_, t)| (t, Err(e.clone())))
-                .collect()
+            ready.extend(members.into_iter().map(|(_, t)| (t, Err(e.clone()))));
         }
     }
 }

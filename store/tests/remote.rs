@@ -269,3 +269,108 @@ fn a_slow_server_is_waited_for_within_the_timeout() {
     assert_eq!(stats.errors.load(std::sync::atomic::Ordering::Relaxed), 0);
     let _ = Arc::strong_count(&stats);
 }
+
+/// A batch's first attempts share one deadline: a server that hangs past
+/// it has every GET of the batch retried on its own, and once it answers
+/// again each token gets exactly its bytes (nothing lost, nothing failed).
+#[test]
+fn gets_past_the_batch_deadline_are_retried_until_the_server_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let rt = RemoteRuntime::new(1).unwrap();
+    let data = pattern(256 << 10, 5);
+    std::fs::write(tmp.path().join("h.sst"), &data).unwrap();
+    let mut direct = client(&rt, s3(server.port), |_| {});
+    direct.upload_file(1, "h.sst", tmp.path().join("h.sst"));
+    assert!(matches!(drain(&mut direct)[0].1, Ok(RemoteDone::Uploaded)));
+
+    let proxy = Proxy::start(server.port, Fault::Stall);
+    let mut r = client(&rt, s3(proxy.port), |c| {
+        c.timeout = Duration::from_millis(300);
+        c.retries = 6;
+        c.backoff = Duration::from_millis(100);
+        c.coalesce_gap = 0;
+    });
+    let stats = r.stats();
+    let reqs: Vec<(u64, &str, std::ops::Range<u64>)> = (0..20u64)
+        .map(|t| (t, "h.sst", t * 10_000..t * 10_000 + 512))
+        .collect();
+    r.get_blocks(&reqs);
+    // Every first attempt hangs past the deadline.
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.set(Fault::None);
+    let got = drain(&mut r);
+    assert_eq!(got.len(), 20);
+    for (t, res) in got {
+        match res {
+            Ok(RemoteDone::Bytes(b)) => assert_eq!(
+                &b[..],
+                &data[(t * 10_000) as usize..(t * 10_000 + 512) as usize],
+                "token {t}"
+            ),
+            other => panic!("token {t} after the server recovered: {other:?}"),
+        }
+    }
+    let retries = stats.retries.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(retries >= 20, "each GET retried at least once: {retries}");
+    assert_eq!(
+        stats
+            .gets_in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(stats.errors.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+/// A server that never answers fails each token after its retries, with
+/// an error naming the object and the attempts, and hands every slot back.
+#[test]
+fn a_hung_server_fails_each_get_after_its_retries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
+        return;
+    };
+    let rt = RemoteRuntime::new(1).unwrap();
+    let proxy = Proxy::start(server.port, Fault::Stall);
+    let mut r = client(&rt, s3(proxy.port), |c| {
+        c.timeout = Duration::from_millis(200);
+        c.retries = 2;
+        c.backoff = Duration::from_millis(20);
+        c.coalesce_gap = 0;
+        c.max_in_flight = 4;
+    });
+    let stats = r.stats();
+    let reqs: Vec<(u64, &str, std::ops::Range<u64>)> = (0..10u64)
+        .map(|t| (t, "never.sst", t * 10_000..t * 10_000 + 512))
+        .collect();
+    let t0 = Instant::now();
+    r.get_blocks(&reqs);
+    let got = drain(&mut r);
+    assert_eq!(got.len(), 10);
+    for (t, res) in got {
+        match res {
+            // The last attempt ends by our deadline or the HTTP client's
+            // own timeout (both are `timeout`), whichever fires first.
+            Err(RemoteError::Failed {
+                attempts,
+                msg,
+                path,
+                ..
+            }) => {
+                assert_eq!(attempts, 3, "token {t}: {msg}");
+                assert!(path.ends_with("never.sst"), "{path}");
+            }
+            other => panic!("token {t} from a hung server: {other:?}"),
+        }
+    }
+    // Three rounds of 200 ms at least (batches of at most 4 slots each).
+    assert!(t0.elapsed() >= Duration::from_millis(600));
+    assert_eq!(
+        stats
+            .gets_in_flight
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
