@@ -17,12 +17,25 @@ pub struct Block {
     n: usize,
 }
 
-/// A block's bytes: a buffer of its own (cached blocks), or a range of a
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("bytes", &self.bytes().len())
+            .field("records", &self.n)
+            .finish()
+    }
+}
+
+/// A block's bytes: a buffer of its own (cached blocks), a range of a
 /// larger read shared by the blocks it holds (streaming reads: compaction
-/// and export parse in place instead of copying every block out).
+/// and export parse in place instead of copying every block out), or the
+/// bytes of a remote GET as the client fetched them (no copy on the shard
+/// thread; the client gives each block bytes of its own unless its GET
+/// was at most twice its size, see `remote::one_get`).
 enum Bytes {
     Own(AlignedBuf),
     Shared(Rc<AlignedBuf>, std::ops::Range<usize>),
+    Fetched(bytes::Bytes),
 }
 
 impl Block {
@@ -34,6 +47,22 @@ impl Block {
             offs_at,
             n,
         })
+    }
+
+    /// A block fetched from the remote tier, in place, that
+    /// [`Block::check`] passed (on the remote runtime) with `shape`.
+    pub fn checked(b: bytes::Bytes, (offs_at, n): (usize, usize)) -> Block {
+        Block {
+            buf: Bytes::Fetched(b),
+            offs_at,
+            n,
+        }
+    }
+
+    /// The check of a fetched block's bytes ([`crate::remote::Check`]): its
+    /// checksum and record table, and the shape [`Block::checked`] takes.
+    pub fn check(b: &[u8]) -> Result<(usize, usize), &'static str> {
+        BlockView::parse(b).map(|v| v.shape()).map_err(|m| m.0)
     }
 
     /// Validates the block at `range` of a larger read.
@@ -53,10 +82,23 @@ impl Block {
         BlockView::trusted(self.bytes(), self.offs_at, self.n)
     }
 
+    /// Starts loading the lines a lookup reads first: the header and the
+    /// record table's start (the search's first probes).
+    #[inline]
+    pub(crate) fn prefetch(&self) {
+        let b = self.bytes();
+        crate::prefetch::line(b.as_ptr());
+        crate::prefetch::line(
+            b.as_ptr()
+                .wrapping_add(crate::format::BLOCK_HEADER + self.offs_at),
+        );
+    }
+
     pub fn bytes(&self) -> &[u8] {
         match &self.buf {
             Bytes::Own(b) => b,
             Bytes::Shared(b, r) => &b[r.clone()],
+            Bytes::Fetched(b) => b,
         }
     }
 
@@ -64,6 +106,7 @@ impl Block {
         match &self.buf {
             Bytes::Own(b) => b.capacity() + 64,
             Bytes::Shared(_, r) => r.len() + 64,
+            Bytes::Fetched(b) => b.len() + 64,
         }
     }
 }
@@ -78,10 +121,9 @@ struct Entry {
 pub const MAX_SPARE: usize = 8;
 
 /// CLOCK cache of blocks. It also keeps the buffers of a few evicted
-/// blocks no one else holds, for the next blocks read: a block fetched
-/// remotely is copied into the buffer of the block its insertion evicts
-/// (a fresh page-aligned allocation, zeroed, cost more than the copy).
-/// They count against its budget like the blocks.
+/// blocks no one else holds, for the next blocks read from the local disk
+/// (a fresh page-aligned allocation, zeroed, costs more than the read's
+/// own work). They count against its budget like the blocks.
 pub struct BlockCache {
     map: FxHashMap<(u64, u32), usize>,
     entries: Vec<Option<Entry>>,

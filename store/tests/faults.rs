@@ -407,7 +407,7 @@ impl stator_store::io::Io for LagIo {
                 buf: Some(b),
                 result: Err(libc::EIO),
                 remote_error: None,
-                remote_bytes: None,
+                remote_block: None,
             });
             return;
         }

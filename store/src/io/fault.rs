@@ -126,7 +126,7 @@ impl<I: Io> FaultIo<I> {
             buf,
             result: Err(errno),
             remote_error: None,
-            remote_bytes: None,
+            remote_block: None,
         });
     }
 }
@@ -219,7 +219,7 @@ impl<I: Io> Io for FaultIo<I> {
                         buf: Some(buf),
                         result: Err(libc::EIO),
                         remote_error: None,
-                        remote_bytes: None,
+                        remote_block: None,
                     });
                 }
                 continue;

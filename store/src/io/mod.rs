@@ -41,7 +41,7 @@ pub enum OpenMode {
 pub struct IoCompletion {
     pub token: u64,
     /// The buffer of a read or write, returned to the caller (`None` for a
-    /// block fetch the remote tier served: see `remote_bytes`).
+    /// block fetch the remote tier served: see `remote_block`).
     pub buf: Option<AlignedBuf>,
     /// Bytes transferred, or an errno.
     pub result: Result<usize, i32>,
@@ -49,8 +49,22 @@ pub struct IoCompletion {
     /// `EREMOTEIO`): why, naming the object and the attempts.
     pub remote_error: Option<Box<crate::remote::RemoteError>>,
     /// A block read the remote tier served without a buffer of the
-    /// caller's ([`crate::store`]'s block fetches): its bytes, as fetched.
-    pub remote_bytes: Option<bytes::Bytes>,
+    /// caller's ([`crate::store`]'s block fetches): the block in its bytes
+    /// as fetched, checked on the remote runtime.
+    pub remote_block: Option<Result<crate::cache::Block, crate::format::Malformed>>,
+}
+
+impl IoCompletion {
+    /// A placeholder left where a completion was taken from a batch.
+    pub(crate) fn taken() -> IoCompletion {
+        IoCompletion {
+            token: 0,
+            buf: None,
+            result: Ok(0),
+            remote_error: None,
+            remote_block: None,
+        }
+    }
 }
 
 /// The error of a failed read of `path`: the remote tier's own when it

@@ -94,7 +94,7 @@ impl Io for SyncIo {
             buf: Some(buf),
             result,
             remote_error: None,
-            remote_bytes: None,
+            remote_block: None,
         });
     }
 
@@ -108,7 +108,7 @@ impl Io for SyncIo {
             buf: Some(buf),
             result,
             remote_error: None,
-            remote_bytes: None,
+            remote_block: None,
         });
     }
 
@@ -122,7 +122,7 @@ impl Io for SyncIo {
             buf: None,
             result,
             remote_error: None,
-            remote_bytes: None,
+            remote_block: None,
         });
     }
 

@@ -153,7 +153,7 @@ impl UringIo {
                 buf: op.buf,
                 result: Err(libc::EBADF),
                 remote_error: None,
-                remote_bytes: None,
+                remote_block: None,
             });
             return true;
         };
@@ -210,7 +210,7 @@ impl UringIo {
             buf: op.buf,
             result,
             remote_error: None,
-            remote_bytes: None,
+            remote_block: None,
         });
     }
 

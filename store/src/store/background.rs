@@ -84,7 +84,22 @@ impl<I: Io> Store<I> {
             t.reap(&mut cs);
         }
         self.issue_writebacks();
-        for c in cs.drain(..) {
+        // A software pipeline over the pass's block fetches: the fetch's
+        // entry loads 2D completions ahead, then (D ahead, the entry in
+        // cache by then) its first read's entry and the block's header and
+        // record table, so their misses overlap instead of adding up.
+        const D: usize = 4;
+        for c in cs.iter().take(2 * D) {
+            self.prefetch_fetch(c, false);
+        }
+        for i in 0..cs.len() {
+            if let Some(c) = cs.get(i + 2 * D) {
+                self.prefetch_fetch(c, false);
+            }
+            if let Some(c) = cs.get(i + D) {
+                self.prefetch_fetch(c, true);
+            }
+            let c = std::mem::replace(&mut cs[i], IoCompletion::taken());
             let t = c.token >> TAG_SHIFT;
             let v = c.token & ((1 << TAG_SHIFT) - 1);
             match t {
@@ -135,7 +150,32 @@ impl<I: Io> Store<I> {
                 _ => {}
             }
         }
+        cs.clear();
         self.completions = cs;
+    }
+
+    /// The loads `fetch_done` will need for completion `c`, if it is a
+    /// block fetch's: its entry (`second` false), or, once that is cached,
+    /// what it points to.
+    #[inline]
+    fn prefetch_fetch(&self, c: &IoCompletion, second: bool) {
+        if c.token >> TAG_SHIFT != TAG_FETCH {
+            return;
+        }
+        let fi = (c.token & ((1 << TAG_SHIFT) - 1)) as usize;
+        if !second {
+            self.fetches.prefetch(fi, 2);
+            return;
+        }
+        if let Some(f) = self.fetches.get(fi) {
+            if let Some(&id) = f.reads.first() {
+                self.reads.prefetch(id, 3);
+            }
+            f.seg.index.prefetch(f.block as usize);
+        }
+        if let Some(Ok(b)) = &c.remote_block {
+            b.prefetch();
+        }
     }
 
     pub(super) fn background(&mut self) {

@@ -50,6 +50,7 @@ use crate::keys;
 use crate::manifest::{Clip, Region};
 use crate::memtable::Memtable;
 use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
+use crate::pool::Pool;
 use crate::segment::{self, Segment, SegmentWriter};
 use stream::{At, Cursor};
 
@@ -345,9 +346,9 @@ pub struct Store<I: Io> {
     /// `compact_all` was called: the next compaction takes every segment.
     full_compaction_requested: bool,
     cache: BlockCache,
-    reads: Slab<PendingRead>,
+    reads: Pool<PendingRead>,
     iters: Slab<PendingIter>,
-    fetches: Slab<Fetch>,
+    fetches: Pool<Fetch>,
     fetch_index: rustc_hash::FxHashMap<(u64, u32), usize>,
     done: VecDeque<(u64, Result<Resolved, StoreError>)>,
     flush: Option<FlushJob>,
@@ -731,9 +732,9 @@ impl<I: Io> Store<I> {
             dir_sync_in_flight: false,
             dir_file: None,
             full_compaction_requested: false,
-            reads: Slab::new(),
+            reads: Pool::default(),
             iters: Slab::new(),
-            fetches: Slab::new(),
+            fetches: Pool::default(),
             fetch_index: Default::default(),
             done: VecDeque::new(),
             flush: None,

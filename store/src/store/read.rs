@@ -404,26 +404,21 @@ impl<I: Io> Store<I> {
         let f = self.fetches.remove(fi);
         self.fetch_index.remove(&(f.seg.id, f.block));
         let (off, len) = f.seg.index.block(f.block as usize);
-        let buf = match (c.buf, c.remote_bytes) {
-            // Fetched remotely: into a buffer now, which a block the cache
-            // evicts just before usually provides.
-            (None, Some(b)) if b.len() == len as usize => {
-                let mut buf = self.cache.buffer(b.len());
-                buf.copy_from_slice(&b);
-                Some(buf)
-            }
-            (buf, _) => buf,
-        };
-        let result = match (c.result, buf) {
-            (Ok(n), Some(buf)) if n == len as usize => Block::parse(buf)
+        let result = match (c.result, c.buf, c.remote_block) {
+            (Ok(n), Some(buf), _) if n == len as usize => Block::parse(buf)
                 .map(Rc::new)
                 .map_err(|m| corrupt(&f.seg, off, m.0)),
-            (Ok(_), _) => Err(corrupt(
+            // Fetched remotely: checked on the remote runtime, in the bytes
+            // the client fetched.
+            (Ok(n), None, Some(b)) if n == len as usize => {
+                b.map(Rc::new).map_err(|m| corrupt(&f.seg, off, m.0))
+            }
+            (Ok(_), _, _) => Err(corrupt(
                 &f.seg,
                 off,
                 "short read: block beyond the end of the file",
             )),
-            (Err(errno), _) => Err(crate::io::read_error(c.remote_error, &f.seg.path, errno)),
+            (Err(errno), _, _) => Err(crate::io::read_error(c.remote_error, &f.seg.path, errno)),
         };
         // A local block of a segment durable remotely that fails its
         // checksum is read again from the remote (once; also a read that

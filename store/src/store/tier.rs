@@ -34,6 +34,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
+use crate::format::Malformed;
 use crate::manifest;
 use crate::remote::{Remote, RemoteDone, RemoteError, RemoteStats};
 use crate::segment::Residency;
@@ -100,10 +101,17 @@ const MAX_WRITEBACKS: usize = 512;
 /// I/O tag of a fetched block written back into its local file.
 pub(super) const TAG_CACHE_WRITE: u64 = 24;
 
+/// Remote tag of a read the tier serves: its value is the read's key in
+/// `Tier::bufs` (which keeps the store's own token), so an outcome finds
+/// its read by index, not by hashing.
+const TAG_READ: u64 = 25;
+
 /// A read the remote serves.
 struct RemoteRead {
+    /// The store's token of the read (what its completion carries).
+    token: u64,
     /// The caller's buffer to copy the bytes into; `None`: hand them over
-    /// as fetched (`IoCompletion::remote_bytes`), `len` of them.
+    /// as fetched (`IoCompletion::remote_block`), `len` of them.
     buf: Option<AlignedBuf>,
     len: usize,
     name: Rc<str>,
@@ -137,9 +145,11 @@ pub(super) struct Tier {
     next_token: u64,
     /// Segment files whose data region is only remote.
     evicted: HashSet<String>,
-    /// This pass's remote reads, and the reads in flight (their buffers).
+    /// This pass's remote reads (spans into buffers, and block fetches,
+    /// checked on the runtime), and the reads in flight (their buffers).
     batch: Vec<(u64, Rc<str>, Range<u64>)>,
-    bufs: rustc_hash::FxHashMap<u64, RemoteRead>,
+    blocks: Vec<(u64, Rc<str>, Range<u64>)>,
+    bufs: crate::pool::Pool<RemoteRead>,
     /// Fetched bytes to write back into their local files (the store
     /// issues them), and the writes in flight (file, residency, offset,
     /// length, the residency's epoch at the write).
@@ -160,6 +170,8 @@ pub(super) struct Tier {
     pub progress: bool,
     /// Outcomes that arrived during a synchronous wait for others.
     stash: Vec<Outcome>,
+    /// Outcomes being handled by `reap` (kept for its capacity).
+    reaped: Vec<Outcome>,
     stats: TierStats,
 }
 
@@ -227,7 +239,7 @@ impl Tier {
     /// Queues a read of `seg`'s bytes `off..off+len` from the remote (sent
     /// with the pass's others by [`Tier::send`]). With `buf` (of `len`
     /// bytes) they are copied into it; without, the completion carries
-    /// them as fetched (`IoCompletion::remote_bytes`).
+    /// them as fetched (`IoCompletion::remote_block`).
     pub fn read(
         &mut self,
         seg: &Segment,
@@ -240,17 +252,20 @@ impl Tier {
         let name = seg.name.clone();
         self.touch(seg);
         let end = off + len as u64;
-        self.batch.push((token, name.clone(), off..end));
-        self.bufs.insert(
+        let block = buf.is_none();
+        let k = self.bufs.insert(RemoteRead {
             token,
-            RemoteRead {
-                buf,
-                len,
-                name,
-                off,
-                residency: seg.residency.clone(),
-            },
-        );
+            buf,
+            len,
+            name: name.clone(),
+            off,
+            residency: seg.residency.clone(),
+        });
+        let t = tag(TAG_READ, k as u64);
+        match block {
+            false => self.batch.push((t, name, off..end)),
+            true => self.blocks.push((t, name, off..end)),
+        }
     }
 
     /// Notes a read of `seg` (for the LRU).
@@ -262,16 +277,17 @@ impl Tier {
 
     /// Sends this pass's remote reads (coalesced by the client).
     pub fn send(&mut self) {
-        if self.batch.is_empty() {
-            return;
+        fn refs(b: &[(u64, Rc<str>, Range<u64>)]) -> Vec<(u64, &str, Range<u64>)> {
+            b.iter().map(|(t, n, r)| (*t, &**n, r.clone())).collect()
         }
-        let refs: Vec<(u64, &str, Range<u64>)> = self
-            .batch
-            .iter()
-            .map(|(t, n, r)| (*t, &**n, r.clone()))
-            .collect();
-        self.remote.get_blocks(&refs);
-        self.batch.clear();
+        if !self.batch.is_empty() {
+            self.remote.get_blocks(&refs(&self.batch));
+            self.batch.clear();
+        }
+        if !self.blocks.is_empty() {
+            self.remote.get_checked(&refs(&self.blocks), Block::check);
+            self.blocks.clear();
+        }
     }
 
     /// Starts uploading `path` as `name` unless it is durable or on its way.
@@ -311,11 +327,27 @@ impl Tier {
     /// Takes every outcome: reads become completions in `out` (their
     /// buffers filled), the tier's own requests update its state.
     pub fn reap(&mut self, out: &mut Vec<IoCompletion>) {
-        let mut got = std::mem::take(&mut self.stash);
+        let mut got = std::mem::take(&mut self.reaped);
+        got.append(&mut self.stash);
         self.remote.poll(|t, r| got.push((t, r)));
-        for (t, r) in got {
+        // The reads' entries load a few outcomes ahead of their use.
+        const AHEAD: usize = 8;
+        let slot =
+            |t: u64| (t >> TAG_SHIFT == TAG_READ).then_some((t & ((1 << TAG_SHIFT) - 1)) as usize);
+        for &(t, _) in got.iter().take(AHEAD) {
+            if let Some(k) = slot(t) {
+                self.bufs.prefetch(k, 2);
+            }
+        }
+        for i in 0..got.len() {
+            if let Some(k) = got.get(i + AHEAD).and_then(|&(t, _)| slot(t)) {
+                self.bufs.prefetch(k, 2);
+            }
+            let (t, r) = std::mem::replace(&mut got[i], (0, Ok(RemoteDone::Deleted)));
             self.outcome(t, r, out);
         }
+        got.clear();
+        self.reaped = got;
     }
 
     fn outcome(&mut self, t: u64, r: Result<RemoteDone, RemoteError>, out: &mut Vec<IoCompletion>) {
@@ -358,20 +390,28 @@ impl Tier {
             // A synchronous wait's outcome arriving after it gave up: none
             // (it waits for every one), so nothing to do.
             TAG_SYNC => {}
-            _ => {
-                let Some(RemoteRead {
+            TAG_READ => {
+                let k = (t & ((1 << TAG_SHIFT) - 1)) as usize;
+                if self.bufs.get(k).is_none() {
+                    return;
+                }
+                let RemoteRead {
+                    token: t,
                     mut buf,
                     len,
                     name,
                     off,
                     residency,
-                }) = self.bufs.remove(&t)
-                else {
-                    return;
+                } = self.bufs.remove(k);
+                let mut remote_block = None;
+                let (b, shape) = match r {
+                    Ok(RemoteDone::Bytes(b)) => (Ok(b), None),
+                    Ok(RemoteDone::Checked(b, shape)) => (Ok(b), Some(shape)),
+                    Ok(_) => (Err(None), None),
+                    Err(e) => (Err(Some(e)), None),
                 };
-                let mut remote_bytes = None;
-                let (result, remote_error) = match r {
-                    Ok(RemoteDone::Bytes(b)) if b.len() == len => {
+                let (result, remote_error) = match b {
+                    Ok(b) if b.len() == len => {
                         // The local disk keeps what was read while it has
                         // room (a full cache admits again once eviction
                         // made room: no churn of writes and punches), unless
@@ -389,6 +429,7 @@ impl Tier {
                         if room
                             && !busy
                             && t >> TAG_SHIFT == TAG_FETCH
+                            && shape.is_none_or(|s| s.is_ok())
                             && !self.punching.values().any(|n| **n == *name)
                             && self.uploaded.contains(&*name)
                         {
@@ -404,12 +445,16 @@ impl Tier {
                         }
                         match buf.as_mut() {
                             Some(buf) => buf.copy_from_slice(&b),
-                            None => remote_bytes = Some(b),
+                            None => {
+                                let shape = shape.unwrap_or_else(|| Block::check(&b));
+                                remote_block =
+                                    Some(shape.map(|s| Block::checked(b, s)).map_err(Malformed));
+                            }
                         }
                         (Ok(len), None)
                     }
-                    Ok(_) => (Err(libc::EIO), None),
-                    Err(e) => {
+                    Ok(_) | Err(None) => (Err(libc::EIO), None),
+                    Err(Some(e)) => {
                         self.stats.last_error = Some(e.to_string());
                         (Err(libc::EREMOTEIO), Some(Box::new(e)))
                     }
@@ -419,15 +464,16 @@ impl Tier {
                     buf,
                     result,
                     remote_error,
-                    remote_bytes,
+                    remote_block,
                 });
             }
+            _ => {}
         }
     }
 
     /// Requests outstanding at the remote.
     pub fn outstanding(&self) -> usize {
-        self.remote.outstanding() + self.batch.len()
+        self.remote.outstanding() + self.batch.len() + self.blocks.len()
     }
 
     /// Whether eviction should look at the disk now (without a budget,
@@ -544,6 +590,7 @@ pub(super) fn prepare(
         next_token: 0,
         evicted: HashSet::new(),
         batch: Vec::new(),
+        blocks: Vec::new(),
         bufs: Default::default(),
         writebacks: Vec::new(),
         wb: Slab::new(),
@@ -554,6 +601,7 @@ pub(super) fn prepare(
         next_evict: Instant::now(),
         progress: false,
         stash: Vec::new(),
+        reaped: Vec::new(),
         stats: TierStats::default(),
     };
     let unreachable = |e: RemoteError| {
@@ -1041,7 +1089,7 @@ impl<I: Io> Reads<'_, I> {
 
     /// Issues a read of `len` bytes at `off`; `buf` makes the buffer, only
     /// for a local read (a remote one completes with the bytes as fetched:
-    /// `IoCompletion::remote_bytes`). Whether the remote tier serves it.
+    /// `IoCompletion::remote_block`). Whether the remote tier serves it.
     pub fn read_block(
         &mut self,
         seg: &Segment,
