@@ -30,8 +30,8 @@ impl std::fmt::Debug for Block {
 /// larger read shared by the blocks it holds (streaming reads: compaction
 /// and export parse in place instead of copying every block out), or the
 /// bytes of a remote GET as the client fetched them (no copy on the shard
-/// thread; the client gives each block bytes of its own unless its GET
-/// was at most twice its size, see `remote::one_get`).
+/// thread; a block that shared its GET with others got a copy of its own,
+/// see `remote::finish_get`, so it holds exactly its bytes).
 enum Bytes {
     Own(AlignedBuf),
     Shared(Rc<AlignedBuf>, std::ops::Range<usize>),

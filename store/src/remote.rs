@@ -105,12 +105,13 @@ pub enum RemoteError {
 /// What a completed request produced.
 #[derive(Debug)]
 pub enum RemoteDone {
-    /// The bytes of the range asked for: a slice of its GET's body when
-    /// the range is at least half of it, else a copy of its own (so what a
-    /// holder keeps alive stays within twice what it asked for).
+    /// The bytes of the range asked for: a slice of its GET's body (hold
+    /// it briefly, or copy it: it keeps the whole body alive).
     Bytes(Bytes),
     /// The bytes of a range read by [`Remote::get_checked`], with what its
-    /// check made of them (on the runtime, not the shard).
+    /// check made of them (on the runtime, not the shard): bytes of its own
+    /// unless the range was its GET's whole body, so what a holder keeps
+    /// alive is exactly what it asked for and a cache can count it.
     Checked(Bytes, Result<(usize, usize), &'static str>),
     Uploaded,
     Deleted,
@@ -920,15 +921,15 @@ fn finish_get(
             stats
                 .bytes_fetched
                 .fetch_add(b.len() as u64, Ordering::Relaxed);
-            // A member shares the GET's bytes when it is at least half of
-            // them (its holder is charged for what it keeps alive within
-            // 2x); otherwise it gets a copy of its own, made here, on the
-            // runtime, rather than on the shard that receives it.
+            // Checked ranges are kept (blocks in a cache): one that is not
+            // the whole GET gets a copy of its own (made here, on the
+            // runtime, rather than on the shard), so it keeps no larger
+            // body alive. Others are copied out by their caller at once.
             let whole = b.len();
             ready.extend(members.into_iter().map(|(m, t)| {
                 let s = (m.start - span.start) as usize;
                 let e = (m.end - span.start) as usize;
-                let bytes = if 2 * (e - s) >= whole {
+                let bytes = if check.is_none() || e - s == whole {
                     b.slice(s..e)
                 } else {
                     Bytes::copy_from_slice(&b[s..e])

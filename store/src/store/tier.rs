@@ -262,9 +262,10 @@ impl Tier {
             residency: seg.residency.clone(),
         });
         let t = tag(TAG_READ, k as u64);
-        match block {
-            false => self.batch.push((t, name, off..end)),
-            true => self.blocks.push((t, name, off..end)),
+        if block {
+            self.blocks.push((t, name, off..end));
+        } else {
+            self.batch.push((t, name, off..end));
         }
     }
 
@@ -404,6 +405,8 @@ impl Tier {
                     residency,
                 } = self.bufs.remove(k);
                 let mut remote_block = None;
+                // The bytes (and a block's check, run on the runtime), or
+                // the remote's error (`None`: an outcome that is no read's).
                 let (b, shape) = match r {
                     Ok(RemoteDone::Bytes(b)) => (Ok(b), None),
                     Ok(RemoteDone::Checked(b, shape)) => (Ok(b), Some(shape)),
