@@ -147,37 +147,70 @@ pub fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64, v100: &[Vec<u8>]) -
     (get, put, batch_put)
 }
 
-/// Larger than memory: returns (get at depth 1 ops/s, multi_get of 32 ops/s).
-pub fn larger_than_memory(
-    args: &StoreArgs,
-    r: &mut Reporter,
+/// The larger-than-memory peer: the same 20 M x 256 B loaded into RocksDB
+/// (then fully compacted) and reopened, so that its reads can run in the
+/// same minutes as Stator's (the VM's disk drifts). With `--reuse DIR` the
+/// data set is kept in `DIR-rocksdb` and reused by later runs.
+pub struct BigPeer {
+    db: DB,
     n: u64,
-    budget: usize,
-    secs: u64,
-    v256: &[Vec<u8>],
-) -> (f64, f64) {
-    let dir = super::store::bench_dir(args.dir.as_deref(), "rocks-big-");
-    let (get1, mget) = {
-        let db = open(dir.path(), budget, true);
-        let w = write_opts();
-        let t = Instant::now();
-        for i in 0..n {
-            db.put_opt(key(i), &v256[(i % 256) as usize], &w)
-                .expect("put");
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl BigPeer {
+    pub fn load(
+        args: &StoreArgs,
+        r: &mut Reporter,
+        n: u64,
+        budget: usize,
+        v256: &[Vec<u8>],
+    ) -> BigPeer {
+        let (path, tmp) = match &args.reuse {
+            Some(p) => {
+                let mut d = p.clone().into_os_string();
+                d.push("-rocksdb");
+                let d = std::path::PathBuf::from(d);
+                std::fs::create_dir_all(&d).expect("create the RocksDB --reuse dir");
+                (d, None)
+            }
+            None => {
+                let t = super::store::bench_dir(args.dir.as_deref(), "rocks-big-");
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let marker = path.with_extension(format!("loaded-{n}"));
+        if !marker.exists() {
+            let db = open(&path, budget, true);
+            let w = write_opts();
+            let t = Instant::now();
+            for i in 0..n {
+                db.put_opt(key(i), &v256[(i % 256) as usize], &w)
+                    .expect("put");
+            }
+            db.flush().expect("flush");
+            db.compact_range::<&[u8], &[u8]>(None, None);
+            r.case(&Case::new(SUITE, "big_load_rocksdb", n, t.elapsed()));
+            drop(db);
+            std::fs::write(&marker, b"").expect("write the RocksDB load marker");
         }
-        db.flush().expect("flush");
-        db.compact_range::<&[u8], &[u8]>(None, None);
-        r.case(&Case::new(SUITE, "big_load_rocksdb", n, t.elapsed()));
-        drop(db);
-        let db = open(dir.path(), budget, true);
-        let mut rng = Rng(99);
+        BigPeer {
+            db: open(&path, budget, true),
+            n,
+            _tmp: tmp,
+        }
+    }
+
+    /// Random gets one at a time for `secs`.
+    pub fn get1(&self, r: &mut Reporter, secs: u64, seed: u64) -> f64 {
+        let mut rng = Rng(seed);
         let mut h = histogram();
         let t = Instant::now();
         let mut done = 0u64;
         while t.elapsed() < Duration::from_secs(secs) {
             let t0 = Instant::now();
-            let v = db
-                .get_pinned(key(rng.below(n)))
+            let v = self
+                .db
+                .get_pinned(key(rng.below(self.n)))
                 .expect("get")
                 .expect("loaded");
             std::hint::black_box(&v);
@@ -187,18 +220,23 @@ pub fn larger_than_memory(
         let c = Case::new(SUITE, "big_get_depth1_rocksdb", done, t.elapsed())
             .latency(h)
             .with("in_flight", 1);
-        let get1 = c.ops_per_sec;
         r.case(&c);
+        c.ops_per_sec
+    }
+
+    /// Batched multi-gets of 32 random keys with async I/O for `secs`.
+    pub fn multi_get32(&self, r: &mut Reporter, secs: u64, seed: u64) -> f64 {
+        let mut rng = Rng(seed);
         let mut ro = ReadOptions::default();
         ro.set_async_io(true);
-        let cf = db.cf_handle("default").expect("default column family");
+        let cf = self.db.cf_handle("default").expect("default column family");
         let mut h = histogram();
         let t = Instant::now();
         let mut done = 0u64;
         while t.elapsed() < Duration::from_secs(secs) {
-            let keys: Vec<[u8; 16]> = (0..32).map(|_| key(rng.below(n))).collect();
+            let keys: Vec<[u8; 16]> = (0..32).map(|_| key(rng.below(self.n))).collect();
             let t0 = Instant::now();
-            for v in db.batched_multi_get_cf_opt(&cf, &keys, false, &ro) {
+            for v in self.db.batched_multi_get_cf_opt(&cf, &keys, false, &ro) {
                 std::hint::black_box(v.expect("get").expect("loaded"));
             }
             h.record(t0.elapsed().as_nanos() as u64).expect("in range");
@@ -208,11 +246,9 @@ pub fn larger_than_memory(
             .latency(h)
             .with("in_flight", 32)
             .with("latency_is", "per batch of 32");
-        let mget = c.ops_per_sec;
         r.case(&c);
-        (get1, mget)
-    };
-    (get1, mget)
+        c.ops_per_sec
+    }
 }
 
 /// `n` puts of the keys `next` gives, in `WriteBatch`es of `PUT_BATCH`.
