@@ -1,5 +1,7 @@
 //! Diagnostic: random 4 KiB reads through `UringIo` at a given depth.
 //! `cargo run --release -p stator-store --example randread -- FILE DEPTH SECS`
+//! (`REUSE=1`: completed reads' buffers are read into again, as the block
+//! cache's spares are, instead of fresh ones).
 use std::time::{Duration, Instant};
 
 use stator_store::aligned::AlignedBuf;
@@ -12,7 +14,13 @@ fn main() {
     let mut io = UringIo::new(1024, true).unwrap();
     let f = io.open(std::path::Path::new(file), OpenMode::Read).unwrap();
     let pages = io.file_len(f).unwrap() / 4096;
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    // A fresh seed each run: repeated offsets would be served from the
+    // VM host's cache and flatter a later run (see benches/RESULTS.md).
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     let mut next = || {
         x ^= x << 13;
         x ^= x >> 7;
@@ -22,22 +30,40 @@ fn main() {
     let mut inflight = 0;
     let mut done = 0u64;
     let mut out = Vec::new();
+    // REUSE=1: the buffers of completed reads are read into again.
+    let reuse = std::env::var("REUSE").is_ok_and(|v| v == "1");
+    let mut spare: Vec<AlignedBuf> = Vec::new();
+    let batch: usize = std::env::var("BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(secs) {
-        while inflight < depth {
-            io.read(f, next() * 4096, AlignedBuf::zeroed(4096), 0);
-            inflight += 1;
+        while depth - inflight >= batch && inflight < depth {
+            for _ in 0..depth - inflight {
+                let buf = spare.pop().unwrap_or_else(|| AlignedBuf::zeroed(4096));
+                io.read(f, next() * 4096, buf, 0);
+                inflight += 1;
+            }
         }
         io.submit().unwrap();
         io.reap(&mut out);
         if out.is_empty() {
-            io.wait(Some(Duration::from_millis(1))).unwrap();
+            io.wait(if std::env::var_os("NOTIMEOUT").is_some() {
+                None
+            } else {
+                Some(Duration::from_millis(1))
+            })
+            .unwrap();
             io.reap(&mut out);
         }
         for c in out.drain(..) {
             assert_eq!(c.result, Ok(4096));
             inflight -= 1;
             done += 1;
+            if reuse && let Some(b) = c.buf {
+                spare.push(b);
+            }
         }
     }
     println!(

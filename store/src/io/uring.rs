@@ -65,14 +65,52 @@ pub struct UringIo {
     ready: Vec<u64>,
     /// Ops pushed to the SQ and not yet completed by the kernel.
     in_kernel: usize,
+    /// Of those, reads, writes and fsyncs (not doorbell polls, which may
+    /// stay in the kernel indefinitely).
+    disk_in_kernel: usize,
     direct: bool,
+    /// The ring runs completions' task work only when this thread enters
+    /// the kernel for events (`IORING_SETUP_DEFER_TASKRUN`), so the CQ
+    /// shows nothing new until we do.
+    defer: bool,
+    /// An enter for events happened since the CQ was last drained.
+    entered: bool,
+    /// The ring is this thread's alone (single issuer): not `Send`.
+    _thread: std::marker::PhantomData<*const ()>,
 }
+
+/// `IORING_ENTER_GETEVENTS`: the enter runs deferred completions (and
+/// waits for `min_complete` of them).
+const ENTER_GETEVENTS: u32 = 1;
+
+/// Disk ops in the device above which new entries may wait for company
+/// (see `UringIo::holds_back`).
+pub const HOLD_FLOOR: usize = 16;
+/// New entries submitted together while the device is busy.
+pub const HOLD_BATCH: usize = 8;
 
 impl UringIo {
     /// A ring with `entries` submission slots. `direct`: open files with
     /// O_DIRECT where the file system allows.
+    ///
+    /// The ring is set up as fio sets up its own: a single issuer (this
+    /// thread) whose completions are handled when it asks for them
+    /// (`DEFER_TASKRUN`), not by interrupting it as each read finishes;
+    /// on a kernel without that (before 6.1), with `COOP_TASKRUN` only.
     pub fn new(entries: u32, direct: bool) -> IoResult<UringIo> {
-        let ring = IoUring::builder().setup_coop_taskrun().build(entries)?;
+        let (ring, defer) = match IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(entries)
+        {
+            Ok(r) => (r, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (
+                IoUring::builder().setup_coop_taskrun().build(entries)?,
+                false,
+            ),
+            Err(e) => return Err(e),
+        };
         Ok(UringIo {
             ring,
             files: Slab::new(),
@@ -81,8 +119,40 @@ impl UringIo {
             done: VecDeque::new(),
             ready: Vec::new(),
             in_kernel: 0,
+            disk_in_kernel: 0,
             direct,
+            defer,
+            entered: false,
+            _thread: std::marker::PhantomData,
         })
+    }
+
+    /// Whether completions wait for this thread to ask (`DEFER_TASKRUN`).
+    pub fn defers_completions(&self) -> bool {
+        self.defer
+    }
+
+    /// Submits the SQ (with `submit`); with deferred completions, also
+    /// runs them (one enter for both), so a `reap` right after sees what
+    /// has finished.
+    fn enter(&mut self, submit: bool) -> std::io::Result<usize> {
+        if !self.defer {
+            return if submit { self.ring.submit() } else { Ok(0) };
+        }
+        let n = if submit {
+            self.ring.submission().len() as u32
+        } else {
+            0
+        };
+        // SAFETY: no argument pointer is passed; the SQ entries pushed
+        // reference memory their op slots own until completion.
+        let r = unsafe {
+            self.ring
+                .submitter()
+                .enter::<libc::sigset_t>(n, 0, ENTER_GETEVENTS, None)
+        };
+        self.entered |= r.is_ok();
+        r
     }
 
     fn enqueue(&mut self, op: Op) {
@@ -186,6 +256,7 @@ impl UringIo {
         let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
         if pushed {
             self.in_kernel += 1;
+            self.disk_in_kernel += 1;
         }
         pushed
     }
@@ -214,8 +285,30 @@ impl UringIo {
         });
     }
 
+    /// Whether `submit` leaves the SQ's entries for a later one: while the
+    /// device already has [`HOLD_FLOOR`] disk ops and fewer than
+    /// [`HOLD_BATCH`] new entries wait. Each submission that reaches the
+    /// device costs a doorbell write (a VM exit on a virtual disk); one
+    /// per read, as a shard refilling slot by slot makes, measured ~15%
+    /// fewer random reads/s at depth 32 here than batches of 6-8 (fio
+    /// batches the same way). Held entries go in at the next `submit`
+    /// that finds the device below the floor or the batch full, or at the
+    /// next `wait` (a thread never sleeps on held work).
+    fn holds_back(&mut self) -> bool {
+        let queued = self.ring.submission().len();
+        queued > 0
+            && queued < HOLD_BATCH
+            && self.disk_in_kernel.saturating_sub(queued) >= HOLD_FLOOR
+    }
+
     /// Drains the CQ into `done`, continuing short and interrupted ops.
     fn drain_cq(&mut self) {
+        if self.defer && !self.entered && self.in_kernel > 0 {
+            // Nothing reaches the CQ until we ask (see `defer`); what the
+            // SQ holds back stays there (see `holds_back`).
+            let _ = self.enter(false);
+        }
+        self.entered = false;
         let mut resubmit = Vec::new();
         let cqes: Vec<(u64, i32)> = self
             .ring
@@ -228,6 +321,9 @@ impl UringIo {
             let Some(op) = self.ops.get_mut(idx) else {
                 continue;
             };
+            if matches!(op.kind, Kind::Read | Kind::Write | Kind::Fsync) {
+                self.disk_in_kernel -= 1;
+            }
             if res == -libc::EINTR || res == -libc::EAGAIN {
                 resubmit.push(idx);
                 continue;
@@ -269,6 +365,58 @@ impl UringIo {
                 break;
             }
             self.backlog.pop_front();
+        }
+    }
+}
+
+/// `user_data` of the cancellations `Drop` sends (no op slot has it).
+const CANCEL_TAG: u64 = u64::MAX;
+
+impl Drop for UringIo {
+    /// Waits until the kernel is done with every buffer it was given: a
+    /// read still in flight writes into its buffer when the device answers,
+    /// even after the ring's fd is closed, so freeing the buffers first
+    /// would let the device write into memory the allocator has handed out
+    /// again. Doorbell polls, which may never fire, are cancelled; disk
+    /// ops are left to finish. If the kernel does not answer within 30 s,
+    /// the buffers are leaked rather than freed under it.
+    fn drop(&mut self) {
+        self.backlog.clear();
+        let _ = self.enter(true);
+        self.drain_cq();
+        self.backlog.clear();
+        let polls: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| matches!(op.kind, Kind::Poll(_)))
+            .map(|(i, _)| i as u64)
+            .collect();
+        for ud in polls {
+            let e = opcode::AsyncCancel::new(ud).build().user_data(CANCEL_TAG);
+            loop {
+                // SAFETY: a cancellation references no memory of ours.
+                if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                    self.in_kernel += 1;
+                    break;
+                }
+                if self.ring.submit().is_err() {
+                    break;
+                }
+            }
+        }
+        let give_up = std::time::Instant::now() + Duration::from_secs(30);
+        while self.in_kernel > 0 && std::time::Instant::now() < give_up {
+            let ts = types::Timespec::from(Duration::from_millis(100));
+            let args = types::SubmitArgs::new().timespec(&ts);
+            let _ = self.ring.submitter().submit_with_args(1, &args);
+            self.entered = true;
+            self.drain_cq();
+            // Short reads are not continued now.
+            self.backlog.clear();
+        }
+        if self.in_kernel > 0 {
+            // A hung device: a bounded leak, never a use after free.
+            std::mem::forget(std::mem::take(&mut self.ops));
         }
     }
 }
@@ -340,8 +488,11 @@ impl Io for UringIo {
     }
 
     fn submit(&mut self) -> IoResult<()> {
+        if self.holds_back() {
+            return Ok(());
+        }
         loop {
-            match self.ring.submit() {
+            match self.enter(true) {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // The CQ is full of unreaped completions: reap, then retry.
@@ -371,6 +522,8 @@ impl Io for UringIo {
                 self.ring.submitter().submit_with_args(1, &args)
             }
         };
+        // A wait for events ran the deferred completions, timed out or not.
+        self.entered = true;
         match r {
             Ok(_) => Ok(()),
             Err(e)
@@ -399,6 +552,95 @@ impl Io for UringIo {
             done: 0,
         });
         // Now, not at the next poll: a writer may not poll for a while.
-        let _ = self.ring.submit();
+        let _ = self.enter(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::time::Instant;
+
+    /// A file of `pages` pages, page `i` filled with byte `i as u8`.
+    fn file(pages: usize) -> (tempfile::TempDir, std::path::PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        let mut v = Vec::with_capacity(pages * 4096);
+        for i in 0..pages {
+            v.extend(std::iter::repeat_n(i as u8, 4096));
+        }
+        std::fs::write(&p, v).unwrap();
+        (d, p)
+    }
+
+    fn collect(io: &mut UringIo, want: usize, wait: bool) -> Vec<IoCompletion> {
+        let mut out = Vec::new();
+        let end = Instant::now() + Duration::from_secs(20);
+        while out.len() < want {
+            assert!(Instant::now() < end, "{} of {want} completed", out.len());
+            io.submit().unwrap();
+            io.reap(&mut out);
+            if wait && out.len() < want {
+                io.wait(Some(Duration::from_millis(10))).unwrap();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn reads_submitted_one_at_a_time_past_the_hold_floor_all_complete() {
+        let (_d, p) = file(64);
+        let mut io = UringIo::new(256, true).unwrap();
+        let f = io.open(&p, OpenMode::Read).unwrap();
+        // One read per submit, as a shard refilling slot by slot: past
+        // HOLD_FLOOR in the device, some wait in the SQ for company.
+        let n = HOLD_FLOOR + HOLD_BATCH + 3;
+        for i in 0..n {
+            io.read(f, i as u64 * 4096, AlignedBuf::zeroed(4096), i as u64);
+            io.submit().unwrap();
+        }
+        let mut got = collect(&mut io, n, true);
+        got.sort_by_key(|c| c.token);
+        for (i, c) in got.iter().enumerate() {
+            assert_eq!((c.token, c.result), (i as u64, Ok(4096)));
+            let b = c.buf.as_ref().unwrap();
+            assert!(b.iter().all(|&x| x == i as u8), "page {i}");
+        }
+        assert_eq!(io.in_flight(), 0);
+    }
+
+    #[test]
+    fn completions_are_reaped_without_waiting() {
+        // With deferred completions nothing reaches the CQ unless the
+        // thread asks; `reap` alone must ask.
+        let (_d, p) = file(4);
+        let mut io = UringIo::new(64, true).unwrap();
+        let f = io.open(&p, OpenMode::Read).unwrap();
+        io.read(f, 4096, AlignedBuf::zeroed(4096), 7);
+        let got = collect(&mut io, 1, false);
+        assert_eq!((got[0].token, got[0].result), (7, Ok(4096)));
+    }
+
+    #[test]
+    fn dropping_a_ring_waits_for_its_reads_and_cancels_its_polls() {
+        let (_d, p) = file(256);
+        let bell = nix::sys::eventfd::EventFd::new().unwrap();
+        let mut io = UringIo::new(512, true).unwrap();
+        let f = io.open(&p, OpenMode::Read).unwrap();
+        // A doorbell that never rings: drop must not wait for it.
+        io.poll_readable(bell.as_fd(), 1);
+        for i in 0..256u64 {
+            io.read(f, i * 4096, AlignedBuf::zeroed(4096), i);
+        }
+        io.submit().unwrap();
+        let t = Instant::now();
+        drop(io);
+        assert!(t.elapsed() < Duration::from_secs(25), "drop hung");
+        // The buffers were freed only after the kernel was done with
+        // them; allocate and check fresh memory is not written under us.
+        let bufs: Vec<AlignedBuf> = (0..256).map(|_| AlignedBuf::zeroed(4096)).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 0)));
     }
 }
