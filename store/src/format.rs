@@ -392,6 +392,12 @@ pub struct BlockIndex {
     lens: Vec<u32>,
     /// Built by `seal` (empty until then, and after a `push`).
     heads: Vec<u64>,
+    /// Per run, the head of every [`GROUP`]-th block's group's last
+    /// block (from `Run::top_start`): an eighth of `heads`, so it stays in
+    /// the CPU's caches where `heads` (one entry per 4 KiB block, 11 MB
+    /// for a 6 GB segment) does not; a search reads it and then one group
+    /// of heads (a cache line) instead of a miss per halving.
+    tops: Vec<u64>,
     runs: Vec<Run>,
     /// Each run's last key, packed (`Run::key_end`).
     run_keys: Vec<u8>,
@@ -405,7 +411,12 @@ struct Run {
     end: u32,
     prefix: u32,
     key_end: u32,
+    /// Where the run's groups start in `BlockIndex::tops`.
+    top_start: u32,
 }
+
+/// Blocks per group of heads searched by a scan (8 x 8 bytes: a line).
+const GROUP: usize = 8;
 
 /// A key's first 8 bytes, zero-padded, big-endian: `head(a) < head(b)`
 /// implies `a < b` (equal heads decide nothing).
@@ -427,6 +438,7 @@ impl BlockIndex {
         self.lens.push(len);
         if !self.runs.is_empty() {
             self.heads.clear();
+            self.tops.clear();
             self.runs.clear();
             self.run_keys.clear();
         }
@@ -436,6 +448,7 @@ impl BlockIndex {
     pub fn seal(&mut self) {
         let n = self.len();
         let (mut heads, mut runs, mut run_keys) = (Vec::with_capacity(n), Vec::new(), Vec::new());
+        let mut tops = Vec::with_capacity(n.div_ceil(GROUP));
         let mut a = 0;
         while a < n {
             // Keys shorter than two bytes make runs of their own.
@@ -448,16 +461,20 @@ impl BlockIndex {
             // prefix those two share.
             let (first, last) = (self.last_key(a), self.last_key(b - 1));
             let prefix = first.iter().zip(last).take_while(|(x, y)| x == y).count();
+            let top_start = tops.len() as u32;
             heads.extend((a..b).map(|i| head(&self.last_key(i)[prefix..])));
+            tops.extend((a..b).step_by(GROUP).map(|g| heads[(g + GROUP).min(b) - 1]));
             run_keys.extend_from_slice(last);
             runs.push(Run {
                 end: b as u32,
                 prefix: prefix as u32,
                 key_end: run_keys.len() as u32,
+                top_start,
             });
             a = b;
         }
         self.heads = heads;
+        self.tops = tops;
         self.runs = runs;
         self.run_keys = run_keys;
     }
@@ -533,17 +550,30 @@ impl BlockIndex {
             return Some(start);
         }
         let kh = head(&key[prefix..]);
-        let (mut lo, mut hi) = (start, run.end as usize);
+        let end = run.end as usize;
+        // Block `i` sorts before `key` (monotone: true, then false; false
+        // for the run's last block, whose last key is >= key).
+        let before = |i: usize, h: u64| h < kh || (h == kh && self.last_key(i) < key);
+        // The first group whose last block is not before `key`, from the
+        // cached tops...
+        let tops = &self.tops[run.top_start as usize..][..(end - start).div_ceil(GROUP)];
+        let (mut lo, mut hi) = (0, tops.len());
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let hm = self.heads[mid];
-            if hm < kh || (hm == kh && self.last_key(mid) < key) {
+            if before((start + GROUP * (mid + 1)).min(end) - 1, tops[mid]) {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
-        Some(lo)
+        // ...then the first block of that group not before it.
+        let g = start + GROUP * lo;
+        let last = (g + GROUP).min(end) - 1;
+        Some(
+            (g..last)
+                .find(|&i| !before(i, self.heads[i]))
+                .unwrap_or(last),
+        )
     }
 
     fn find_plain(&self, key: &[u8]) -> Option<usize> {
@@ -561,6 +591,7 @@ impl BlockIndex {
 
     pub fn memory_bytes(&self) -> usize {
         self.heads.capacity() * 8
+            + self.tops.capacity() * 8
             + self.runs.capacity() * std::mem::size_of::<Run>()
             + self.run_keys.capacity()
             + self.keys.capacity()
