@@ -33,18 +33,12 @@ fn main() {
     // REUSE=1: the buffers of completed reads are read into again.
     let reuse = std::env::var("REUSE").is_ok_and(|v| v == "1");
     let mut spare: Vec<AlignedBuf> = Vec::new();
-    let batch: usize = std::env::var("BATCH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(secs) {
-        while depth - inflight >= batch && inflight < depth {
-            for _ in 0..depth - inflight {
-                let buf = spare.pop().unwrap_or_else(|| AlignedBuf::zeroed(4096));
-                io.read(f, next() * 4096, buf, 0);
-                inflight += 1;
-            }
+        while inflight < depth {
+            let buf = spare.pop().unwrap_or_else(|| AlignedBuf::zeroed(4096));
+            io.read(f, next() * 4096, buf, 0);
+            inflight += 1;
         }
         io.submit().unwrap();
         io.reap(&mut out);

@@ -7,6 +7,12 @@
 //! fails that operation (for a read, its bytes are lost to the caller, never
 //! returned as data). Operations beyond the submission queue's room wait in
 //! a backlog and enter as completions free slots (bounded in-flight).
+//!
+//! The ring is set up for one issuing thread whose completions wait until
+//! it asks for them (`DEFER_TASKRUN`); `reap` asks. While the device is
+//! busy, new entries are submitted in small batches (`holds_back`). Drop
+//! waits for every op the kernel holds (cancelling doorbell polls), since
+//! a read in flight still writes into its buffer.
 
 use std::collections::VecDeque;
 use std::fs::File;
