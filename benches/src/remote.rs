@@ -115,11 +115,14 @@ pub fn run(a: RemoteArgs) {
             let c = point(&mut remote, &names, a.object_mib << 20, depth, lat, secs);
             r.case(&c);
             if (ms - 23.0).abs() < 1e-9 && depth == 6000 {
+                // Little's law is this very number (6,000 / 23 ms): a
+                // ratio to it, not the floor, which the store path below
+                // is judged by at its best depth.
                 r.note(
                     SUITE,
-                    "gets_per_sec_23ms_6000_in_flight",
+                    "fetcher_gets_per_sec_23ms_6000_in_flight",
                     c.ops_per_sec,
-                    Bound::AtLeast(261_000.0),
+                    Bound::None,
                 );
             }
             sweep.push(c);
@@ -131,8 +134,20 @@ pub fn run(a: RemoteArgs) {
         .unwrap_or(if a.quick { 400_000 } else { 2_000_000 });
     if keys > 0 {
         let lat = Duration::from_secs_f64(latencies[0] / 1000.0);
-        for c in through_store(&rt, mem.clone(), lat, keys, &a.depths, secs, a.threads) {
-            r.case(&c);
+        let cases = through_store(&rt, mem.clone(), lat, keys, &a.depths, secs, a.threads);
+        for c in &cases {
+            r.case(c);
+        }
+        // The floor: what one session (one store) sustains at 23 ms, at
+        // whichever depth it does best.
+        if (latencies[0] - 23.0).abs() < 1e-9 {
+            let best = cases.iter().map(|c| c.ops_per_sec).fold(0.0, f64::max);
+            r.note(
+                SUITE,
+                "store_gets_per_sec_23ms_best_in_flight",
+                best,
+                Bound::AtLeast(261_000.0),
+            );
         }
     }
     match plot(&a.plot_dir, &all) {
