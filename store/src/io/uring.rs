@@ -133,11 +133,6 @@ impl UringIo {
         })
     }
 
-    /// Whether completions wait for this thread to ask (`DEFER_TASKRUN`).
-    pub fn defers_completions(&self) -> bool {
-        self.defer
-    }
-
     /// Submits the SQ (with `submit`); with deferred completions, also
     /// runs them (one enter for both), so a `reap` right after sees what
     /// has finished.
