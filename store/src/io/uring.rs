@@ -184,6 +184,9 @@ impl UringIo {
 
     /// Moves the tokens of fds that became readable into `out`.
     pub fn take_ready(&mut self, out: &mut Vec<u64>) {
+        if self.defer && !self.entered && self.in_kernel > self.disk_in_kernel {
+            let _ = self.enter(false);
+        }
         self.drain_cq();
         out.append(&mut self.ready);
     }
@@ -304,9 +307,12 @@ impl UringIo {
 
     /// Drains the CQ into `done`, continuing short and interrupted ops.
     fn drain_cq(&mut self) {
-        if self.defer && !self.entered && self.in_kernel > 0 {
+        if self.defer && !self.entered && self.disk_in_kernel > 0 {
             // Nothing reaches the CQ until we ask (see `defer`); what the
-            // SQ holds back stays there (see `holds_back`).
+            // SQ holds back stays there (see `holds_back`). Only for disk
+            // ops: doorbell polls stay armed while a shard works, and
+            // asking for them on every pass would cost a system call per
+            // pass; `take_ready` and `wait` ask for them.
             let _ = self.enter(false);
         }
         self.entered = false;
@@ -621,6 +627,35 @@ mod tests {
         io.read(f, 4096, AlignedBuf::zeroed(4096), 7);
         let got = collect(&mut io, 1, false);
         assert_eq!((got[0].token, got[0].result), (7, Ok(4096)));
+    }
+
+    #[test]
+    fn a_rung_doorbell_is_seen_by_take_ready_and_by_wait() {
+        let bell = nix::sys::eventfd::EventFd::new().unwrap();
+        let mut io = UringIo::new(64, true).unwrap();
+        let mut ready = Vec::new();
+        // Seen without a wait (the shard looks between passes)...
+        io.poll_readable(bell.as_fd(), 5);
+        io.submit().unwrap();
+        bell.write(1).unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        while ready.is_empty() {
+            assert!(Instant::now() < end, "doorbell not seen");
+            io.take_ready(&mut ready);
+        }
+        assert_eq!(ready, [5]);
+        bell.read().unwrap();
+        // ...and a wait returns for it.
+        ready.clear();
+        io.poll_readable(bell.as_fd(), 6);
+        io.submit().unwrap();
+        bell.write(1).unwrap();
+        while ready.is_empty() {
+            assert!(Instant::now() < end, "doorbell not seen");
+            io.wait(Some(Duration::from_secs(5))).unwrap();
+            io.take_ready(&mut ready);
+        }
+        assert_eq!(ready, [6]);
     }
 
     #[test]
