@@ -9,7 +9,9 @@
 //! a backlog and enter as completions free slots (bounded in-flight).
 //!
 //! The ring is set up for one issuing thread whose completions wait until
-//! it asks for them (`DEFER_TASKRUN`); `reap` asks. While the device is
+//! it asks for them (`DEFER_TASKRUN`); `reap` asks, with a system call
+//! only when the kernel flags some pending (`TASKRUN_FLAG`), and `submit`
+//! makes none with nothing to submit. While the device is
 //! busy, new entries are submitted in small batches (`holds_back`). Drop
 //! waits for every op the kernel holds (cancelling doorbell polls), since
 //! a read in flight still writes into its buffer.
@@ -74,19 +76,14 @@ pub struct UringIo {
     /// Of those, reads, writes and fsyncs (not doorbell polls, which may
     /// stay in the kernel indefinitely).
     disk_in_kernel: usize,
+    /// Scratch for `drain_cq` (kept: it runs on every poll).
+    cqes: Vec<(u64, i32)>,
     direct: bool,
-    /// The ring runs completions' task work only when this thread enters
-    /// the kernel for events (`IORING_SETUP_DEFER_TASKRUN`), so the CQ
-    /// shows nothing new until we do.
-    defer: bool,
-    /// An enter for events happened since the CQ was last drained.
-    entered: bool,
     /// The ring is this thread's alone (single issuer): not `Send`.
     _thread: std::marker::PhantomData<*const ()>,
 }
 
-/// `IORING_ENTER_GETEVENTS`: the enter runs deferred completions (and
-/// waits for `min_complete` of them).
+/// `IORING_ENTER_GETEVENTS`: the enter runs deferred completions.
 const ENTER_GETEVENTS: u32 = 1;
 
 /// Disk ops in the device above which new entries may wait for company
@@ -101,20 +98,23 @@ impl UringIo {
     ///
     /// The ring is set up as fio sets up its own: a single issuer (this
     /// thread) whose completions are handled when it asks for them
-    /// (`DEFER_TASKRUN`), not by interrupting it as each read finishes;
-    /// on a kernel without that (before 6.1), with `COOP_TASKRUN` only.
+    /// (`DEFER_TASKRUN`), not by interrupting it as each read finishes.
+    /// The kernel flags pending completions in the SQ ring
+    /// (`TASKRUN_FLAG`), so asking costs a system call only when there is
+    /// something to run. On a kernel without these (before 6.1), with
+    /// `COOP_TASKRUN` only.
     pub fn new(entries: u32, direct: bool) -> IoResult<UringIo> {
-        let (ring, defer) = match IoUring::builder()
+        let ring = match IoUring::builder()
             .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .setup_single_issuer()
             .setup_defer_taskrun()
             .build(entries)
         {
-            Ok(r) => (r, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (
-                IoUring::builder().setup_coop_taskrun().build(entries)?,
-                false,
-            ),
+            Ok(r) => r,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                IoUring::builder().setup_coop_taskrun().build(entries)?
+            }
             Err(e) => return Err(e),
         };
         Ok(UringIo {
@@ -126,34 +126,32 @@ impl UringIo {
             ready: Vec::new(),
             in_kernel: 0,
             disk_in_kernel: 0,
+            cqes: Vec::new(),
             direct,
-            defer,
-            entered: false,
             _thread: std::marker::PhantomData,
         })
     }
 
-    /// Submits the SQ (with `submit`); with deferred completions, also
-    /// runs them (one enter for both), so a `reap` right after sees what
-    /// has finished.
-    fn enter(&mut self, submit: bool) -> std::io::Result<usize> {
-        if !self.defer {
-            return if submit { self.ring.submit() } else { Ok(0) };
+    /// Whether the kernel holds completions for us: deferred ones
+    /// (`IORING_SQ_TASKRUN`) or ones that overflowed the CQ.
+    fn kernel_has_completions(&mut self) -> bool {
+        let sq = self.ring.submission();
+        sq.taskrun() || sq.cq_overflow()
+    }
+
+    /// Moves completions the kernel holds for this thread into the CQ,
+    /// submitting nothing: held entries stay in the SQ (see `holds_back`).
+    /// No system call when it holds none.
+    fn run_deferred(&mut self) {
+        if self.kernel_has_completions() {
+            // SAFETY: no argument pointer is passed and nothing is
+            // submitted.
+            let _ = unsafe {
+                self.ring
+                    .submitter()
+                    .enter::<libc::sigset_t>(0, 0, ENTER_GETEVENTS, None)
+            };
         }
-        let n = if submit {
-            self.ring.submission().len() as u32
-        } else {
-            0
-        };
-        // SAFETY: no argument pointer is passed; the SQ entries pushed
-        // reference memory their op slots own until completion.
-        let r = unsafe {
-            self.ring
-                .submitter()
-                .enter::<libc::sigset_t>(n, 0, ENTER_GETEVENTS, None)
-        };
-        self.entered |= r.is_ok();
-        r
     }
 
     fn enqueue(&mut self, op: Op) {
@@ -184,9 +182,6 @@ impl UringIo {
 
     /// Moves the tokens of fds that became readable into `out`.
     pub fn take_ready(&mut self, out: &mut Vec<u64>) {
-        if self.defer && !self.entered && self.in_kernel > self.disk_in_kernel {
-            let _ = self.enter(false);
-        }
         self.drain_cq();
         out.append(&mut self.ready);
     }
@@ -307,22 +302,12 @@ impl UringIo {
 
     /// Drains the CQ into `done`, continuing short and interrupted ops.
     fn drain_cq(&mut self) {
-        if self.defer && !self.entered && self.disk_in_kernel > 0 {
-            // Nothing reaches the CQ until we ask (see `defer`); what the
-            // SQ holds back stays there (see `holds_back`). Only for disk
-            // ops: doorbell polls stay armed while a shard works, and
-            // asking for them on every pass would cost a system call per
-            // pass; `take_ready` and `wait` ask for them.
-            let _ = self.enter(false);
-        }
-        self.entered = false;
+        // With deferred completions nothing reaches the CQ until we ask.
+        self.run_deferred();
         let mut resubmit = Vec::new();
-        let cqes: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (ud, res) in cqes {
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for &(ud, res) in &cqes {
             self.in_kernel -= 1;
             let idx = ud as usize;
             let Some(op) = self.ops.get_mut(idx) else {
@@ -364,6 +349,8 @@ impl UringIo {
                 }
             }
         }
+        cqes.clear();
+        self.cqes = cqes;
         for idx in resubmit {
             self.backlog.push_front(idx);
         }
@@ -389,7 +376,7 @@ impl Drop for UringIo {
     /// the buffers are leaked rather than freed under it.
     fn drop(&mut self) {
         self.backlog.clear();
-        let _ = self.enter(true);
+        let _ = self.ring.submit();
         self.drain_cq();
         self.backlog.clear();
         let polls: Vec<u64> = self
@@ -416,7 +403,6 @@ impl Drop for UringIo {
             let ts = types::Timespec::from(Duration::from_millis(100));
             let args = types::SubmitArgs::new().timespec(&ts);
             let _ = self.ring.submitter().submit_with_args(1, &args);
-            self.entered = true;
             self.drain_cq();
             // Short reads are not continued now.
             self.backlog.clear();
@@ -495,11 +481,16 @@ impl Io for UringIo {
     }
 
     fn submit(&mut self) -> IoResult<()> {
-        if self.holds_back() {
+        // Nothing to submit and nothing to run: no system call (a shard
+        // polls its store on every pass, most of them in memory).
+        let queued = self.ring.submission().len();
+        if queued == 0 && !self.kernel_has_completions() || self.holds_back() {
             return Ok(());
         }
         loop {
-            match self.enter(true) {
+            // Also runs deferred completions when flagged (the crate adds
+            // GETEVENTS then), so a `reap` right after sees them.
+            match self.ring.submit() {
                 Ok(_) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // The CQ is full of unreaped completions: reap, then retry.
@@ -529,8 +520,6 @@ impl Io for UringIo {
                 self.ring.submitter().submit_with_args(1, &args)
             }
         };
-        // A wait for events ran the deferred completions, timed out or not.
-        self.entered = true;
         match r {
             Ok(_) => Ok(()),
             Err(e)
@@ -559,7 +548,7 @@ impl Io for UringIo {
             done: 0,
         });
         // Now, not at the next poll: a writer may not poll for a while.
-        let _ = self.enter(true);
+        let _ = self.ring.submit();
     }
 }
 
