@@ -1,6 +1,8 @@
 //! Diagnostic: random gets through a `Store` at a given depth, with the
 //! CPU time they cost. `cargo run --release -p stator-store --example
-//! getdepth -- DIR KEYS DEPTH SECS` (DIR from `stator-bench store --reuse`).
+//! getdepth -- DIR KEYS DEPTH SECS [READS_PER_POLL]` (DIR from
+//! `stator-bench store --reuse`; READS_PER_POLL sets
+//! `StoreConfig::disk_reads_per_poll`).
 use std::time::{Duration, Instant};
 
 use stator_store::io::UringIo;
@@ -23,11 +25,11 @@ fn main() {
         a[3].parse().unwrap(),
         a[4].parse().unwrap(),
     );
-    let (mut s, _) = Store::open(
-        StoreConfig::new(dir, 256 << 20),
-        UringIo::new(1024, true).unwrap(),
-    )
-    .unwrap();
+    let mut cfg = StoreConfig::new(dir, 256 << 20);
+    if let Some(r) = a.get(5) {
+        cfg.disk_reads_per_poll = r.parse().unwrap();
+    }
+    let (mut s, _) = Store::open(cfg, UringIo::new(1024, true).unwrap()).unwrap();
     s.settle();
     // A fresh seed each run: repeated offsets would be served from the
     // VM host's cache and flatter a later run (see benches/RESULTS.md).
@@ -38,6 +40,7 @@ fn main() {
         | 1;
     let mut pending = 0usize;
     let mut done = 0u64;
+    let mut passes = 0u64;
     let c0 = cpu();
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(secs) {
@@ -62,6 +65,7 @@ fn main() {
             r.unwrap();
         });
         pending -= got;
+        passes += (got > 0) as u64;
         done += got as u64;
         if got == 0 {
             s.wait(Some(Duration::from_millis(1))).unwrap();
@@ -69,8 +73,9 @@ fn main() {
     }
     let el = t.elapsed().as_secs_f64();
     println!(
-        "depth {depth}: {:.0} gets/s, cpu {:.0}%",
+        "depth {depth}: {:.0} gets/s, cpu {:.0}%, {:.1} per pass that finished any",
         done as f64 / el,
-        (cpu() - c0) / el * 100.0
+        (cpu() - c0) / el * 100.0,
+        done as f64 / passes.max(1) as f64
     );
 }

@@ -106,3 +106,51 @@ fn ten_thousand_pending_gets_keep_per_key_order() {
         s.stats().block_reads
     );
 }
+
+/// A poll finishes at most `disk_reads_per_poll` local block reads (or an
+/// eighth of those in flight, if more); the rest wait for later polls, and
+/// every get still completes with its value.
+#[test]
+fn a_poll_finishes_a_bounded_number_of_disk_reads() {
+    let d = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(d.path(), 256 << 20);
+    cfg.block_cache_max = Some(1 << 20);
+    let n_keys = 100_000u64;
+    {
+        let (mut s, _) = Store::open(cfg.clone(), UringIo::new(256, true).unwrap()).unwrap();
+        for i in 0..n_keys {
+            common::run(&mut s, Op::Put(kr(&i.to_be_bytes()), &[7; 100])).unwrap();
+        }
+        s.flush();
+        common::settle_fully(&mut s);
+    }
+    cfg.disk_reads_per_poll = 2;
+    let (mut s, _) = Store::open(cfg, UringIo::new(256, true).unwrap()).unwrap();
+    // Keys 1,000 apart: each in a block of its own, so one read per get.
+    let gets = 96u64;
+    for t in 0..gets {
+        let kb = (t * 1_000).to_be_bytes();
+        assert!(matches!(
+            s.submit(t, Op::Get(kr(&kb))).unwrap(),
+            Submitted::Pending
+        ));
+    }
+    let mut got = 0;
+    let mut capped = 0;
+    while got < gets {
+        s.wait(Some(std::time::Duration::from_secs(5))).unwrap();
+        let cap = (s.pending() / 8).max(2);
+        let n = s.poll(|t, r| match r.unwrap() {
+            Output::Value(Some(v)) => assert_eq!(v, &[7; 100], "get {t}"),
+            o => panic!("get {t}: {o:?}"),
+        });
+        assert!(n <= cap, "a poll finished {n} disk reads of {cap}");
+        capped += (n == cap) as u32;
+        got += n as u64;
+    }
+    assert!(
+        capped > 0,
+        "no poll reached its bound: the test shows nothing"
+    );
+    assert_eq!(s.stats().block_reads, gets, "one read per get");
+}

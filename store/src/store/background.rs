@@ -29,7 +29,8 @@ impl<I: Io> Store<I> {
     /// Blocks until I/O completes or `timeout` passes (when nothing is
     /// ready to deliver).
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), StoreError> {
-        if !self.done.is_empty() {
+        // Completions an earlier pass reaped and left wait to be finished.
+        if !self.done.is_empty() || !self.completions.is_empty() {
             return Ok(());
         }
         let mut timeout = timeout;
@@ -89,10 +90,33 @@ impl<I: Io> Store<I> {
         // cache by then) its first read's entry and the block's header and
         // record table, so their misses overlap instead of adding up.
         const D: usize = 4;
+        // A bounded number of local block reads is finished per pass; the
+        // rest wait in `completions` for the next one. Each read finished
+        // leaves the device a read short until the caller has taken the
+        // result and sent the next request, so finishing a whole burst
+        // first (with deferred completions, most of the reads in flight
+        // arrive together) lets the device's queue run dry. An eighth of
+        // the reads in flight, at least `disk_reads_per_poll`: the device
+        // keeps most of its queue, and with hundreds in flight the passes
+        // stay few (see StoreConfig::disk_reads_per_poll).
+        let cap = self
+            .cfg
+            .disk_reads_per_poll
+            .max(self.fetches.len() / 8)
+            .max(1);
+        let mut local = 0;
+        let mut n = cs.len();
         for c in cs.iter().take(2 * D) {
             self.prefetch_fetch(c, false);
         }
         for i in 0..cs.len() {
+            if is_local_fetch(&cs[i]) {
+                if local == cap {
+                    n = i;
+                    break;
+                }
+                local += 1;
+            }
             if let Some(c) = cs.get(i + 2 * D) {
                 self.prefetch_fetch(c, false);
             }
@@ -150,7 +174,7 @@ impl<I: Io> Store<I> {
                 _ => {}
             }
         }
-        cs.clear();
+        cs.drain(..n);
         self.completions = cs;
     }
 
@@ -269,4 +293,10 @@ impl<I: Io> Store<I> {
     pub fn settle(&mut self) {
         self.drain(true, |_, _| {});
     }
+}
+
+/// A block read from the local disk (not from the remote tier, whose
+/// latency dwarfs a pass and whose replies come in large batches).
+fn is_local_fetch(c: &IoCompletion) -> bool {
+    c.token >> TAG_SHIFT == TAG_FETCH && c.remote_block.is_none()
 }
