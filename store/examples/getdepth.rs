@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use stator_store::io::UringIo;
 use stator_store::{KeyRef, Op, Store, StoreConfig, Submitted};
 
-fn cpu() -> f64 {
+/// User and system CPU seconds of this process.
+fn cpu() -> (f64, f64) {
     // SAFETY: getrusage writes into the zeroed struct we pass.
     let mut r: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: RUSAGE_SELF with a valid pointer.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) };
     let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(r.ru_utime) + t(r.ru_stime)
+    (t(r.ru_utime), t(r.ru_stime))
 }
 
 fn main() {
@@ -72,10 +73,14 @@ fn main() {
         }
     }
     let el = t.elapsed().as_secs_f64();
+    let ((u, s), (u0, s0)) = (cpu(), c0);
+    let per = |secs: f64| secs / done.max(1) as f64 * 1e6;
     println!(
-        "depth {depth}: {:.0} gets/s, cpu {:.0}%, {:.1} per pass that finished any",
+        "depth {depth}: {:.0} gets/s, cpu {:.0}% (user {:.2} us, system {:.2} us per get), {:.1} per pass that finished any",
         done as f64 / el,
-        (cpu() - c0) / el * 100.0,
+        (u - u0 + s - s0) / el * 100.0,
+        per(u - u0),
+        per(s - s0),
         done as f64 / passes.max(1) as f64
     );
 }

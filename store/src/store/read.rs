@@ -404,6 +404,10 @@ impl<I: Io> Store<I> {
         let f = self.fetches.remove(fi);
         self.fetch_index.remove(&(f.seg.id, f.block));
         let (off, len) = f.seg.index.block(f.block as usize);
+        if f.local {
+            // The buffer the cache lent is the block's now, or dropped.
+            self.cache.read_done(len as usize);
+        }
         let result = match (c.result, c.buf, c.remote_block) {
             (Ok(n), Some(buf), _) if n == len as usize => Block::parse(buf)
                 .map(Rc::new)
