@@ -304,7 +304,13 @@ impl BlockCache {
     /// The read into a buffer of `len` bytes from [`BlockCache::buffer`]
     /// completed (its block, if any, is inserted next).
     pub fn read_done(&mut self, len: usize) {
+        debug_assert!(self.lent >= len, "a read returned more than it was lent");
         self.lent = self.lent.saturating_sub(len);
+    }
+
+    /// Bytes lent to reads in flight (see [`BlockCache::buffer`]).
+    pub fn lent(&self) -> usize {
+        self.lent
     }
 
     /// Keeps an evicted block's buffer as a spare if no one else holds the

@@ -484,7 +484,7 @@ impl Io for UringIo {
         // Nothing to submit and nothing to run: no system call (a shard
         // polls its store on every pass, most of them in memory).
         let queued = self.ring.submission().len();
-        if queued == 0 && !self.kernel_has_completions() || self.holds_back() {
+        if (queued == 0 && !self.kernel_has_completions()) || self.holds_back() {
             return Ok(());
         }
         loop {

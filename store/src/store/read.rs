@@ -408,6 +408,9 @@ impl<I: Io> Store<I> {
             // The buffer the cache lent is the block's now, or dropped.
             self.cache.read_done(len as usize);
         }
+        // Every local read returns what it was lent: a leak here would
+        // shrink the cache for good.
+        debug_assert!(self.fetches.len() > 0 || self.cache.lent() == 0);
         let result = match (c.result, c.buf, c.remote_block) {
             (Ok(n), Some(buf), _) if n == len as usize => Block::parse(buf)
                 .map(Rc::new)
