@@ -349,6 +349,7 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         cq_entries: 0,
         arena_bytes: 0,
         chunk_slots: 0,
+        key_groups: None,
     }
     .encode(&mut f);
     s.write_all(&f).unwrap();

@@ -53,6 +53,7 @@ fn small(job: &str) -> OpenOptions {
         cq_entries: 512,
         arena_bytes: ARENA,
         chunk_slots: 1,
+        key_groups: None,
         ..opts(job, 0, 1)
     }
 }

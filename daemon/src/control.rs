@@ -515,13 +515,14 @@ fn serve(mut s: UnixStream, uid: u32, ctx: &Ctx) {
                 cq_entries,
                 arena_bytes,
                 chunk_slots,
+                key_groups,
             } => match open(
                 ctx,
                 uid,
                 version,
                 &job,
                 &operator,
-                (subtask, parallelism, max_parallelism),
+                (subtask, parallelism, max_parallelism, key_groups),
                 (sq_entries, cq_entries, arena_bytes, chunk_slots),
             ) {
                 Ok((o, resp, fds)) => {
@@ -613,7 +614,7 @@ fn open(
     version: u16,
     job: &str,
     operator: &str,
-    (subtask, parallelism, max_parallelism): (u32, u32, u32),
+    (subtask, parallelism, max_parallelism, key_groups): (u32, u32, u32, Option<(u16, u16)>),
     (sq, cq, arena, chunk_slots): (u32, u32, u64, u32),
 ) -> Result<(Open, Response, crate::shard::SessionFds), Refusal> {
     let bad = |m: String| Err((status::BAD_REQUEST, m));
@@ -643,6 +644,13 @@ fn open(
     if parallelism == 0 || parallelism > max_parallelism || subtask >= parallelism {
         return bad(format!(
             "subtask {subtask} of parallelism {parallelism} (max parallelism {max_parallelism}) is not a valid subtask"
+        ));
+    }
+    if let Some((lo, hi)) = key_groups
+        && (lo > hi || u32::from(hi) >= max_parallelism)
+    {
+        return bad(format!(
+            "key groups {lo}..={hi} are not a range within 0..{max_parallelism} (max parallelism)"
         ));
     }
     let cfg = ctx.cfg();
@@ -710,7 +718,8 @@ fn open(
         ctx.give_uid_slot(uid);
         return Err(r);
     }
-    let (lo, hi) = key_group_range(max_parallelism, parallelism, subtask);
+    let (lo, hi) =
+        key_groups.unwrap_or_else(|| key_group_range(max_parallelism, parallelism, subtask));
     // An operator's state lives on one shard, a fixed function of its
     // names (xxh3, stable across releases), so a reopened or rescaled
     // subtask finds its key groups there. Changing `shards` moves

@@ -76,8 +76,13 @@ pub enum Request {
         cq_entries: u32,
         arena_bytes: u64,
         /// 4 MiB chunk slots for portable snapshots (0: the daemon's
-        /// default). Encoded last; a frame without it asks for 0.
+        /// default). Optional on the wire; a frame without it asks for 0.
         chunk_slots: u32,
+        /// The session's key groups, inclusive, when the engine assigns
+        /// them itself (Flink hands each backend its `KeyGroupRange`);
+        /// `None` lets the daemon compute Flink's range of `subtask`.
+        /// Encoded after `chunk_slots` (so it needs it) as two `u32`s.
+        key_groups: Option<(u16, u16)>,
     },
     /// Registers (or finds) a state of this session's operator.
     Register { kind: u8, name: String },
@@ -137,6 +142,8 @@ pub enum DecodeError {
     BadString,
     #[error("control frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
     TooLong(usize),
+    #[error("Open's key groups {lo}..={hi} do not fit in 16 bits")]
+    BadKeyGroups { lo: u32, hi: u32 },
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -222,6 +229,7 @@ impl Request {
                 cq_entries,
                 arena_bytes,
                 chunk_slots,
+                key_groups,
             } => {
                 out.push(msg::OPEN);
                 out.extend_from_slice(&version.to_le_bytes());
@@ -238,6 +246,10 @@ impl Request {
                 put_str(out, job);
                 put_str(out, operator);
                 out.extend_from_slice(&chunk_slots.to_le_bytes());
+                if let Some((lo, hi)) = key_groups {
+                    out.extend_from_slice(&u32::from(*lo).to_le_bytes());
+                    out.extend_from_slice(&u32::from(*hi).to_le_bytes());
+                }
             }
             Request::Register { kind, name } => {
                 out.push(msg::REGISTER);
@@ -273,6 +285,15 @@ impl Request {
                 let job = r.str()?;
                 let operator = r.str()?;
                 let chunk_slots = if r.0.is_empty() { 0 } else { r.u32()? };
+                let key_groups = if r.0.is_empty() {
+                    None
+                } else {
+                    let (lo, hi) = (r.u32()?, r.u32()?);
+                    match (u16::try_from(lo), u16::try_from(hi)) {
+                        (Ok(lo), Ok(hi)) => Some((lo, hi)),
+                        _ => return Err(DecodeError::BadKeyGroups { lo, hi }),
+                    }
+                };
                 Request::Open {
                     version,
                     job,
@@ -284,6 +305,7 @@ impl Request {
                     cq_entries,
                     arena_bytes,
                     chunk_slots,
+                    key_groups,
                 }
             }
             msg::REGISTER => {
@@ -427,6 +449,20 @@ mod tests {
                 cq_entries: 0,
                 arena_bytes: 1 << 20,
                 chunk_slots: 2,
+                key_groups: None,
+            },
+            Request::Open {
+                version: CONTROL_VERSION,
+                job: "job-2".into(),
+                operator: "op".into(),
+                subtask: 0,
+                parallelism: 1,
+                max_parallelism: 10,
+                sq_entries: 0,
+                cq_entries: 0,
+                arena_bytes: 0,
+                chunk_slots: 0,
+                key_groups: Some((5, 9)),
             },
             Request::Register {
                 kind: kind::MAP,
@@ -444,13 +480,29 @@ mod tests {
             assert_eq!(n, buf.len() - 4);
             assert_eq!(&Request::decode(&buf[4..]).unwrap(), q);
             // Every truncation is an error, never a panic, except an Open
-            // without its trailing chunk_slots (older clients): 0.
+            // cut right before one of its optional trailing fields (older
+            // clients): chunk_slots 0, no key groups.
+            let open_end = match q {
+                Request::Open {
+                    key_groups: Some(_),
+                    ..
+                } => buf.len() - 12,
+                _ => buf.len() - 4,
+            };
             for cut in 4..buf.len() {
                 match (q, Request::decode(&buf[4..cut])) {
-                    (Request::Open { .. }, Ok(Request::Open { chunk_slots, .. }))
-                        if cut == buf.len() - 4 =>
-                    {
-                        assert_eq!(chunk_slots, 0)
+                    (
+                        Request::Open { .. },
+                        Ok(Request::Open {
+                            chunk_slots,
+                            key_groups,
+                            ..
+                        }),
+                    ) if cut == open_end || cut == open_end + 4 => {
+                        assert_eq!(key_groups, None);
+                        if cut == open_end {
+                            assert_eq!(chunk_slots, 0)
+                        }
                     }
                     (_, r) => assert!(r.is_err(), "cut at {cut}: {r:?}"),
                 }

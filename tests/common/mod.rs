@@ -252,6 +252,7 @@ pub fn open_frame(job: &str, subtask: u32, parallelism: u32) -> Vec<u8> {
         cq_entries: 256,
         arena_bytes: 1 << 20,
         chunk_slots: 0,
+        key_groups: None,
     }
     .encode(&mut f);
     f
