@@ -19,11 +19,11 @@ mod session;
 
 pub use asyncs::AsyncSession;
 pub use session::{
-    Completion, IterMode, Kind, Notify, OpenOptions, Request, Reservation, Restored, Session,
-    ValueWriter,
+    Completion, IterMode, Kind, Notify, OpenOptions, RawRequest, Request, Reservation, Restored,
+    Session, ValueWriter,
 };
 pub use stator_ring::keygroup;
-pub use stator_ring::{Opcode, Status};
+pub use stator_ring::{BufRef, Opcode, Status};
 
 /// Everything a call can fail with.
 #[derive(Debug, thiserror::Error)]

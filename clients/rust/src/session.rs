@@ -49,6 +49,9 @@ pub struct OpenOptions {
     pub spin: Duration,
     /// 4 MiB chunk slots for portable snapshots (0: the daemon's default).
     pub chunk_slots: u32,
+    /// The session's key groups (inclusive) when the engine assigns them
+    /// itself; `None`: Flink's range of `subtask` of `parallelism`.
+    pub key_groups: Option<(u16, u16)>,
 }
 
 impl OpenOptions {
@@ -66,6 +69,7 @@ impl OpenOptions {
             read_capacity: 1024,
             spin: Duration::from_micros(50),
             chunk_slots: 0,
+            key_groups: None,
         }
     }
 }
@@ -250,6 +254,23 @@ impl<'a> Request<'a> {
     }
 }
 
+/// A request whose byte ranges (arena offsets) the caller wrote itself,
+/// inside a reservation it holds (see [`Session::submit_raw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RawRequest {
+    pub op: Opcode,
+    pub flags: u8,
+    pub state: u32,
+    pub key_group: u16,
+    pub key: BufRef,
+    pub namespace: BufRef,
+    pub user_key: BufRef,
+    /// The input value, or the range a read's result is written into.
+    pub value: BufRef,
+    pub arg: u64,
+    pub arg2: u32,
+}
+
 /// Writes a value straight into the session's shared arena (see
 /// [`Session::submit_with`]). Implements [`std::io::Write`]; writing past
 /// the reserved length is an error.
@@ -427,6 +448,7 @@ impl Session {
             cq_entries: o.cq_entries,
             arena_bytes: o.arena_bytes,
             chunk_slots: o.chunk_slots,
+            key_groups: o.key_groups,
         }
         .encode(&mut frame);
         sock.write_all(&frame).map_err(Error::gone)?;
@@ -904,6 +926,93 @@ impl Session {
     /// The capacity of reservation `id` (`None`: not reserved).
     pub fn reservation_cap(&self, id: u32) -> Option<u32> {
         self.reserved.get(id as usize).map(|b| b.cap)
+    }
+
+    /// Where the whole arena lies in this process, and its length: for a
+    /// binding that keeps a view of it (a Java direct buffer) and writes
+    /// requests into a reservation of its own, reading results in place.
+    /// Valid while the session lives; who may write which bytes when is
+    /// `ring/PROTOCOL.md` §8's rule.
+    pub fn arena_range(&self) -> (std::ptr::NonNull<u8>, usize) {
+        let arena = self.mem.borrow_dependent().arena();
+        let len = self.mem.borrow_dependent().layout().arena.len;
+        (
+            arena
+                .raw_range(0, len)
+                .expect("the arena lies inside its own view"),
+            len,
+        )
+    }
+
+    /// Where reservation `id` starts in the arena (`None`: not reserved):
+    /// the offset [`RawRequest`] ranges are relative to the arena by.
+    pub fn reservation_off(&self, id: u32) -> Option<u32> {
+        self.reserved.get(id as usize).map(|b| b.off)
+    }
+
+    /// Queues a request whose bytes the caller already placed in its
+    /// reservation `region` (keys, values, and for a read the range the
+    /// daemon writes the result into), with no copy: an engine binding
+    /// that serializes straight into shared memory and keeps a region of
+    /// it as its own ring of request bytes. Every range must lie inside
+    /// the reservation, which stays the caller's: the client frees
+    /// nothing at the completion, whose result the caller reads in place
+    /// at the range it named. Only keyed requests and `Nop` go this way
+    /// (checkpoints and snapshots have their own calls). `Err(Full)` when
+    /// the submission queue is full.
+    pub fn submit_raw(&mut self, r: &RawRequest, region: u32, token: u64) -> Result<(), Error> {
+        self.alive()?;
+        if !(r.op.fields().keyed || r.op == Opcode::Nop) {
+            return Err(Error::Protocol(format!(
+                "{:?} cannot be submitted as a raw request",
+                r.op
+            )));
+        }
+        let Some(b) = self.reserved.get(region as usize) else {
+            return Err(Error::Protocol(format!("no region {region} is reserved")));
+        };
+        let (lo, hi) = (u64::from(b.off), u64::from(b.off) + u64::from(b.cap));
+        for (what, br) in [
+            ("key", r.key),
+            ("namespace", r.namespace),
+            ("user key", r.user_key),
+            ("value", r.value),
+        ] {
+            let end = u64::from(br.off) + u64::from(br.len);
+            if !br.is_none() && (u64::from(br.off) < lo || end > hi) {
+                return Err(Error::Protocol(format!(
+                    "the {what} range {}+{} lies outside region {region} ({lo}..{hi})",
+                    br.off, br.len
+                )));
+            }
+        }
+        let sqe = Sqe {
+            user_data: self.inflight.vacant_key() as u64,
+            opcode: r.op as u8,
+            flags: r.flags,
+            key_group: r.key_group,
+            state_id: r.state,
+            key: r.key,
+            namespace: r.namespace,
+            user_key: r.user_key,
+            value: r.value,
+            arg: r.arg,
+            arg2: r.arg2,
+            ..Sqe::default()
+        };
+        match self.mem.with_dependent_mut(|_, ring| ring.sq.push(&sqe)) {
+            Ok(true) => {}
+            Ok(false) => return Err(Error::Full),
+            Err(e) => return Err(self.kill(format!("the submission queue is inconsistent: {e}"))),
+        }
+        self.inflight.insert(InFlight {
+            token,
+            input: None,
+            output: None,
+            value: None,
+            slot: None,
+        });
+        Ok(())
     }
 
     /// Gives reservation `id` back unused.
