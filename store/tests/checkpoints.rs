@@ -624,6 +624,37 @@ fn discarded_checkpoints_are_gone_and_completed_ones_stay() {
     );
 }
 
+/// The bound on checkpoints neither completed nor aborted is per key-group
+/// range (one engine subtask): more subtasks of one operator than the bound
+/// all checkpoint at one barrier, and only a range that piles up more is
+/// refused, until a completion lets it go on.
+#[test]
+fn uncompleted_checkpoints_are_bounded_per_key_group_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    let spec = |id: u64, lo: u16, hi: u16| CheckpointSpec {
+        lo,
+        hi,
+        ..whole(id)
+    };
+    // One checkpoint each of more subtasks than the bound, at one barrier.
+    let subtasks = (stator_store::MAX_UNCOMPLETED + 8) as u64;
+    for i in 0..subtasks {
+        let kg = (i % u64::from(KGS)) as u16;
+        checkpoint(&mut s, spec(1 + i / u64::from(KGS), kg, kg)).unwrap();
+    }
+    // One range piling up: the bound holds there, with a clear error.
+    for id in 100..100 + stator_store::MAX_UNCOMPLETED as u64 {
+        checkpoint(&mut s, whole(id)).unwrap();
+    }
+    match checkpoint(&mut s, whole(999)) {
+        Err(StoreError::Limit(m)) => assert!(m.contains("key groups 0..=7"), "{m}"),
+        other => panic!("a checkpoint past the bound: {other:?}"),
+    }
+    s.checkpoint_notify(OWNERS[0], 150, Notify::Complete);
+    checkpoint(&mut s, whole(1000)).unwrap();
+}
+
 /// Manifests torn or corrupted on disk: at open they are set aside and
 /// reported, their handles are refused with a clear error, and the state
 /// is intact. One corrupted while the store runs is refused too.

@@ -20,9 +20,12 @@
 use super::*;
 use crate::manifest::{self, Handle, LayerRef, Manifest, intersect, state_set};
 
-/// Checkpoints of one owner that may be in progress or retained without a
-/// completion at once: each pins segments, so a client that never completes
-/// or aborts is refused (`StoreError::Limit`) rather than filling the disk.
+/// Checkpoints of one owner's key-group range (one engine subtask) that may
+/// be in progress or retained without a completion at once: each pins
+/// segments, so a client that never completes or aborts is refused
+/// (`StoreError::Limit`) rather than filling the disk. Counted per range, not
+/// per owner: every subtask of an operator checkpoints at each barrier, and
+/// a host may run more than this many of them.
 pub const MAX_UNCOMPLETED: usize = 64;
 
 /// What to checkpoint.
@@ -279,17 +282,21 @@ impl<I: Io> Store<I> {
             .ckpt
             .retained
             .values()
-            .filter(|r| r.owner == spec.owner && !r.completed)
+            .filter(|r| r.owner == spec.owner && (r.lo, r.hi) == (spec.lo, spec.hi) && !r.completed)
             .count()
             + self
                 .ckpt
                 .pending
                 .iter()
-                .filter(|(_, p)| p.manifest.owner == spec.owner)
+                .filter(|(_, p)| {
+                    p.manifest.owner == spec.owner
+                        && (p.manifest.lo, p.manifest.hi) == (spec.lo, spec.hi)
+                })
                 .count();
         if open >= MAX_UNCOMPLETED {
             return Err(StoreError::Limit(format!(
-                "{open} checkpoints of this owner are neither completed nor aborted"
+                "{open} checkpoints of this owner's key groups {}..={} are neither completed nor aborted",
+                spec.lo, spec.hi
             )));
         }
         self.freeze();

@@ -28,7 +28,8 @@ mod tier;
 mod write;
 
 pub use checkpoint::{
-    CheckpointInfo, CheckpointSpec, Notify, RestoreSpec, Restored, RestoredManifest,
+    CheckpointInfo, CheckpointSpec, MAX_UNCOMPLETED, Notify, RestoreSpec, Restored,
+    RestoredManifest,
 };
 pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
 pub use tier::{TierConfig, TierStats};
