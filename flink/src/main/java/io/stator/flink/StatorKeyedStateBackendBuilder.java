@@ -1,0 +1,267 @@
+package io.stator.flink;
+
+import io.stator.flink.jni.NativeSession;
+import io.stator.flink.jni.StatorException;
+import io.stator.flink.session.RequestChannel;
+import io.stator.flink.snapshot.StatorCheckpointHandle;
+
+import org.apache.flink.api.common.TaskInfo;
+import org.apache.flink.api.common.typeutils.TypeSerializer;
+import org.apache.flink.api.common.typeutils.TypeSerializerSchemaCompatibility;
+import org.apache.flink.runtime.execution.Environment;
+import org.apache.flink.runtime.state.AbstractStateBackend;
+import org.apache.flink.runtime.state.BackendBuildingException;
+import org.apache.flink.runtime.state.KeyGroupRange;
+import org.apache.flink.runtime.state.KeyGroupsStateHandle;
+import org.apache.flink.runtime.state.KeyedStateHandle;
+import org.apache.flink.runtime.state.RegisteredKeyValueStateBackendMetaInfo;
+import org.apache.flink.runtime.state.StateBackend.KeyedStateBackendParameters;
+import org.apache.flink.runtime.state.StateSerializerProvider;
+import org.apache.flink.runtime.state.heap.HeapPriorityQueueSetFactory;
+import org.apache.flink.runtime.state.InternalKeyContextImpl;
+import org.apache.flink.runtime.state.metainfo.StateMetaInfoSnapshot;
+import org.apache.flink.runtime.state.metrics.LatencyTrackingStateConfig;
+import org.apache.flink.runtime.state.metrics.SizeTrackingStateConfig;
+import org.apache.flink.util.IOUtils;
+import org.apache.flink.util.StateMigrationException;
+
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+/**
+ * Opens a subtask's sessions and restores its state: a checkpoint of the same job and operator
+ * by reference (statord adds the checkpoint's segments, clipped to the subtask's key groups),
+ * one of another job by streaming it from that job's checkpoint into this one, and no
+ * checkpoint at all by emptying whatever an earlier attempt left in the subtask's key groups.
+ */
+final class StatorKeyedStateBackendBuilder<K> {
+
+    private static final Logger LOG = LoggerFactory.getLogger(StatorKeyedStateBackendBuilder.class);
+
+    /** Flink's operator identifier: {@code <class>_<operator id>_(<subtask>/<parallelism>)}. */
+    private static final Pattern OPERATOR_ID = Pattern.compile(".*_([0-9a-f]{32})_\\(\\d+/\\d+\\)$");
+
+    /** The checkpoint session: few requests, no results beyond handles. */
+    private static final int SMALL_QUEUE = 64;
+    private static final long SMALL_ARENA = 1 << 20;
+
+    private final KeyedStateBackendParameters<K> p;
+    private final String socket;
+    private final String job;
+    private final int queueEntries;
+    private final long arenaBytes;
+    private final int inFlight;
+    private final int writeBatch;
+    private final long spinNanos;
+    private final LatencyTrackingStateConfig latency;
+    private final SizeTrackingStateConfig size;
+
+    StatorKeyedStateBackendBuilder(
+            KeyedStateBackendParameters<K> p,
+            String socket,
+            String job,
+            int queueEntries,
+            long arenaBytes,
+            int inFlight,
+            int writeBatch,
+            long spinNanos,
+            LatencyTrackingStateConfig latency,
+            SizeTrackingStateConfig size) {
+        this.p = p;
+        this.socket = socket;
+        this.job = job;
+        this.queueEntries = queueEntries;
+        this.arenaBytes = arenaBytes;
+        this.inFlight = inFlight;
+        this.writeBatch = writeBatch;
+        this.spinNanos = spinNanos;
+        this.latency = latency;
+        this.size = size;
+    }
+
+    /** The operator's stable id (its {@code OperatorID}), or the whole identifier. */
+    static String operatorName(String identifier) {
+        Matcher m = OPERATOR_ID.matcher(identifier);
+        return m.matches() ? m.group(1) : identifier;
+    }
+
+    private NativeSession.Options options(String job, String operator) {
+        NativeSession.Options o = new NativeSession.Options();
+        KeyGroupRange range = p.getKeyGroupRange();
+        o.socket = socket;
+        o.job = job;
+        o.operator = operator;
+        o.maxParallelism = p.getNumberOfKeyGroups();
+        o.keyGroupFirst = range.getStartKeyGroup();
+        o.keyGroupLast = range.getEndKeyGroup();
+        Environment env = p.getEnv();
+        TaskInfo task = env == null ? null : env.getTaskInfo();
+        int parallelism = task == null ? 1 : task.getNumberOfParallelSubtasks();
+        int subtask = task == null ? 0 : task.getIndexOfThisSubtask();
+        if (parallelism < 1 || parallelism > o.maxParallelism || subtask < 0 || subtask >= parallelism) {
+            parallelism = 1;
+            subtask = 0;
+        }
+        o.subtask = subtask;
+        o.parallelism = parallelism;
+        o.sqEntries = SMALL_QUEUE;
+        o.cqEntries = SMALL_QUEUE;
+        o.arenaBytes = SMALL_ARENA;
+        o.chunkSlots = 2;
+        o.spinNanos = spinNanos;
+        return o;
+    }
+
+    private NativeSession open(NativeSession.Options o) throws StatorException {
+        try {
+            return NativeSession.open(o);
+        } catch (StatorException e) {
+            if (e.code() == StatorException.REFUSED && e.detail() == -1) {
+                throw new StatorException(
+                        e.code(),
+                        e.detail(),
+                        e.getMessage()
+                                + " (statord at "
+                                + o.socket
+                                + " does not understand this stator-flink's requests; it needs statord "
+                                + NativeSession.libraryVersion()
+                                + " or newer)");
+            }
+            throw e;
+        }
+    }
+
+    StatorKeyedStateBackend<K> build() throws BackendBuildingException {
+        String jobName = job.isEmpty() ? p.getJobID().toHexString() : job;
+        String operator = operatorName(p.getOperatorIdentifier());
+        ClassLoader userCode = p.getEnv().getUserCodeClassLoader().asClassLoader();
+        NativeSession data = null;
+        NativeSession checkpoints = null;
+        RequestChannel channel = null;
+        try {
+            NativeSession.Options o = options(jobName, operator);
+            checkpoints = open(o);
+            NativeSession.Options d = options(jobName, operator);
+            d.sqEntries = queueEntries;
+            d.cqEntries = queueEntries;
+            d.arenaBytes = arenaBytes;
+            data = open(d);
+            LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states = restore(data, o, userCode);
+            channel = new RequestChannel(data, (int) Math.min(arenaBytes / 2, 1 << 30), inFlight, writeBatch);
+            NativeSession.Options scan = options(jobName, operator);
+            return new StatorKeyedStateBackend<>(
+                    p.getKvStateRegistry(),
+                    p.getKeySerializer(),
+                    userCode,
+                    p.getEnv().getExecutionConfig(),
+                    p.getTtlTimeProvider(),
+                    latency,
+                    size,
+                    p.getCancelStreamRegistry(),
+                    AbstractStateBackend.getCompressionDecorator(p.getEnv().getExecutionConfig()),
+                    new InternalKeyContextImpl<>(p.getKeyGroupRange(), p.getNumberOfKeyGroups()),
+                    channel,
+                    checkpoints,
+                    scan,
+                    states,
+                    new HeapPriorityQueueSetFactory(p.getKeyGroupRange(), p.getNumberOfKeyGroups(), 128));
+        } catch (Exception e) {
+            IOUtils.closeQuietly(channel);
+            IOUtils.closeQuietly(data);
+            IOUtils.closeQuietly(checkpoints);
+            if (e instanceof BackendBuildingException) {
+                throw (BackendBuildingException) e;
+            }
+            throw new BackendBuildingException(
+                    "Stator could not open the keyed state of " + p.getOperatorIdentifier() + ": " + e.getMessage(), e);
+        }
+    }
+
+    private LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> restore(
+            NativeSession data, NativeSession.Options base, ClassLoader userCode) throws Exception {
+        LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states = new LinkedHashMap<>();
+        List<StatorCheckpointHandle> checkpoints = new ArrayList<>();
+        for (KeyedStateHandle h : p.getStateHandles()) {
+            if (h == null) {
+                continue;
+            }
+            if (!(h instanceof KeyGroupsStateHandle)) {
+                throw new BackendBuildingException(
+                        "Stator cannot restore a "
+                                + h.getClass().getSimpleName()
+                                + " (a checkpoint of another state backend); move the job with a "
+                                + "canonical savepoint instead");
+            }
+            StatorCheckpointHandle c = StatorCheckpointHandle.read((KeyGroupsStateHandle) h, userCode);
+            if (c == null) {
+                throw new BackendBuildingException(
+                        "a checkpoint or savepoint in Flink's own format cannot be restored into Stator yet");
+            }
+            checkpoints.add(c);
+        }
+        long id = ThreadLocalRandom.current().nextLong(1, Long.MAX_VALUE);
+        if (checkpoints.isEmpty()) {
+            // A fresh start sees nothing an earlier attempt of this job left behind.
+            data.reset(id);
+            return states;
+        }
+        checkKeySerializer(checkpoints.get(0));
+        for (StatorCheckpointHandle c : checkpoints) {
+            for (StateMetaInfoSnapshot s : c.proxy.getStateMetaInfoSnapshots()) {
+                if (s.getBackendStateType() == StateMetaInfoSnapshot.BackendStateType.KEY_VALUE) {
+                    states.putIfAbsent(
+                            s.getName(),
+                            new StatorKeyedStateBackend.StateInfo(new RegisteredKeyValueStateBackendMetaInfo<>(s)));
+                }
+            }
+        }
+        Set<List<String>> owners = new LinkedHashSet<>();
+        List<byte[]> handles = new ArrayList<>();
+        for (StatorCheckpointHandle c : checkpoints) {
+            owners.add(List.of(c.job, c.operator));
+            handles.add(c.handle);
+        }
+        if (owners.size() > 1) {
+            throw new BackendBuildingException("the checkpoint handles to restore belong to several jobs: " + owners);
+        }
+        List<String> owner = owners.iterator().next();
+        if (owner.get(0).equals(base.job) && owner.get(1).equals(base.operator)) {
+            data.restore(handles);
+        } else {
+            // Another job's checkpoint: copy its state in (its segments belong to that job).
+            LOG.info(
+                    "Restoring {}/{} from a checkpoint of {}/{}: its state is copied in",
+                    base.job,
+                    base.operator,
+                    owner.get(0),
+                    owner.get(1));
+            NativeSession.Options o = options(owner.get(0), owner.get(1));
+            try (NativeSession from = open(o)) {
+                NativeSession.transfer(from, data, id, handles);
+            }
+        }
+        return states;
+    }
+
+    private void checkKeySerializer(StatorCheckpointHandle c) throws StateMigrationException {
+        TypeSerializer<K> keySerializer = p.getKeySerializer();
+        StateSerializerProvider<K> provider = StateSerializerProvider.fromNewRegisteredSerializer(keySerializer);
+        @SuppressWarnings("unchecked")
+        TypeSerializerSchemaCompatibility<K> compat =
+                provider.setPreviousSerializerSnapshotForRestoredState(
+                        (org.apache.flink.api.common.typeutils.TypeSerializerSnapshot<K>) c.proxy.getKeySerializerSnapshot());
+        if (compat.isCompatibleAfterMigration() || compat.isIncompatible()) {
+            throw new StateMigrationException(
+                    "The new key serializer (" + keySerializer + ") must be compatible with the checkpoint's.");
+        }
+    }
+}

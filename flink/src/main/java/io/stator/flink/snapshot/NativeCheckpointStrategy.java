@@ -1,0 +1,124 @@
+package io.stator.flink.snapshot;
+
+import io.stator.flink.StatorKeyedStateBackend;
+import io.stator.flink.jni.NativeSession;
+
+import org.apache.flink.core.fs.CloseableRegistry;
+import org.apache.flink.core.memory.DataOutputViewStreamWrapper;
+import org.apache.flink.runtime.checkpoint.CheckpointOptions;
+import org.apache.flink.runtime.state.CheckpointStateOutputStream;
+import org.apache.flink.runtime.state.CheckpointStreamFactory;
+import org.apache.flink.runtime.state.CheckpointedStateScope;
+import org.apache.flink.runtime.state.KeyGroupRangeOffsets;
+import org.apache.flink.runtime.state.KeyGroupsStateHandle;
+import org.apache.flink.runtime.state.KeyedBackendSerializationProxy;
+import org.apache.flink.runtime.state.KeyedStateHandle;
+import org.apache.flink.runtime.state.SnapshotResources;
+import org.apache.flink.runtime.state.SnapshotResult;
+import org.apache.flink.runtime.state.SnapshotStrategy;
+import org.apache.flink.runtime.state.StreamStateHandle;
+import org.apache.flink.runtime.state.metainfo.StateMetaInfoSnapshot;
+
+import java.io.Closeable;
+import java.util.List;
+import java.util.concurrent.CancellationException;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+/**
+ * A native checkpoint: the synchronous part takes statord's barrier (every request the task
+ * made before is in it, none after; flat in state size); the asynchronous part waits until the
+ * checkpoint's manifest is durable and writes its handle, with Flink's serialization proxy, into
+ * a small stream that Flink keeps as a {@link KeyGroupsStateHandle} ({@link
+ * StatorCheckpointHandle}). No state bytes are copied.
+ */
+public final class NativeCheckpointStrategy<K>
+        implements SnapshotStrategy<KeyedStateHandle, NativeCheckpointStrategy.Barrier>, Closeable {
+
+    /** How long one wait for a checkpoint holds the checkpoint session (others use it between). */
+    private static final int WAIT_SLICE_MS = 5;
+
+    private final StatorKeyedStateBackend<K> backend;
+    private volatile boolean closed;
+
+    public NativeCheckpointStrategy(StatorKeyedStateBackend<K> backend) {
+        this.backend = backend;
+    }
+
+    /** The synchronous part's outcome: the barrier's checkpoint and the states it holds. */
+    static final class Barrier implements SnapshotResources {
+        final long checkpointId;
+        final List<StateMetaInfoSnapshot> metaInfo;
+
+        Barrier(long checkpointId, List<StateMetaInfoSnapshot> metaInfo) {
+            this.checkpointId = checkpointId;
+            this.metaInfo = metaInfo;
+        }
+
+        @Override
+        public void release() {}
+    }
+
+    @Override
+    public Barrier syncPrepareResources(long checkpointId) throws Exception {
+        backend.checkpointSession().checkpoint(checkpointId);
+        return new Barrier(checkpointId, backend.metaInfoSnapshots());
+    }
+
+    @Override
+    public SnapshotResultSupplier<KeyedStateHandle> asyncSnapshot(
+            Barrier barrier,
+            long checkpointId,
+            long timestamp,
+            CheckpointStreamFactory streamFactory,
+            CheckpointOptions checkpointOptions) {
+        return registry -> {
+            byte[] handle = awaitDurable(barrier.checkpointId, registry);
+            StatorCheckpointHandle h =
+                    new StatorCheckpointHandle(
+                            backend.job(),
+                            backend.operator(),
+                            backend.getKeyGroupRange(),
+                            backend.getNumberOfKeyGroups(),
+                            handle);
+            KeyedBackendSerializationProxy<K> proxy =
+                    new KeyedBackendSerializationProxy<>(
+                            backend.getKeySerializer(), barrier.metaInfo, false);
+            CheckpointStateOutputStream out =
+                    streamFactory.createCheckpointStateOutputStream(CheckpointedStateScope.EXCLUSIVE);
+            registry.registerCloseable(out);
+            try {
+                h.write(new DataOutputViewStreamWrapper(out), proxy);
+            } finally {
+                registry.unregisterCloseable(out);
+            }
+            StreamStateHandle stream = out.closeAndGetHandle();
+            return SnapshotResult.of(
+                    new KeyGroupsStateHandle(new KeyGroupRangeOffsets(backend.getKeyGroupRange()), stream));
+        };
+    }
+
+    private byte[] awaitDurable(long checkpointId, CloseableRegistry registry) throws Exception {
+        AtomicBoolean cancelled = new AtomicBoolean();
+        Closeable onCancel = () -> cancelled.set(true);
+        registry.registerCloseable(onCancel);
+        try {
+            NativeSession s = backend.checkpointSession();
+            while (true) {
+                if (cancelled.get() || closed) {
+                    throw new CancellationException("checkpoint " + checkpointId + " was cancelled");
+                }
+                byte[] handle = s.checkpointWait(checkpointId, WAIT_SLICE_MS);
+                if (handle != null) {
+                    return handle;
+                }
+            }
+        } finally {
+            registry.unregisterCloseable(onCancel);
+        }
+    }
+
+    @Override
+    public void close() {
+        closed = true;
+    }
+}
