@@ -6,6 +6,8 @@ import io.stator.flink.session.RequestChannel;
 import io.stator.flink.snapshot.NativeCheckpointStrategy;
 import io.stator.flink.snapshot.PortableSnapshotReader;
 import io.stator.flink.state.AbstractStatorState;
+import io.stator.flink.state.Kinds;
+import io.stator.flink.snapshot.CanonicalSavepointResources;
 import io.stator.flink.state.StateContext;
 import io.stator.flink.state.StatorAggregatingState;
 import io.stator.flink.state.StatorListState;
@@ -43,6 +45,8 @@ import org.apache.flink.runtime.state.StateSnapshotTransformer.StateSnapshotTran
 import org.apache.flink.runtime.state.StreamCompressionDecorator;
 import org.apache.flink.runtime.state.heap.HeapPriorityQueueElement;
 import org.apache.flink.runtime.state.heap.HeapPriorityQueueSetFactory;
+import org.apache.flink.runtime.state.heap.HeapPriorityQueueSnapshotRestoreWrapper;
+import org.apache.flink.runtime.state.heap.HeapPriorityQueueStateSnapshot;
 import org.apache.flink.runtime.state.InternalKeyContext;
 import org.apache.flink.runtime.state.metrics.LatencyTrackingStateConfig;
 import org.apache.flink.runtime.state.metrics.SizeTrackingStateConfig;
@@ -84,12 +88,12 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
     private static final Logger LOG = LoggerFactory.getLogger(StatorKeyedStateBackend.class);
 
     /** A registered state: its meta information, its id in the session, its object. */
-    static final class StateInfo {
+    public static final class StateInfo {
         RegisteredKeyValueStateBackendMetaInfo<?, ?> meta;
         int stateId = -1;
         AbstractStatorState<?, ?, ?> state;
 
-        StateInfo(RegisteredKeyValueStateBackendMetaInfo<?, ?> meta) {
+        public StateInfo(RegisteredKeyValueStateBackendMetaInfo<?, ?> meta) {
             this.meta = meta;
         }
     }
@@ -122,6 +126,7 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
             NativeSession checkpoints,
             NativeSession.Options scanOptions,
             LinkedHashMap<String, StateInfo> restoredStates,
+            LinkedHashMap<String, HeapPriorityQueueSnapshotRestoreWrapper<?>> restoredQueues,
             HeapPriorityQueueSetFactory priorityQueueFactory) {
         super(
                 kvStateRegistry,
@@ -142,7 +147,7 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
         this.states = restoredStates;
         this.priorityQueues =
                 new HeapPriorityQueuesManager(
-                        new LinkedHashMap<>(), priorityQueueFactory, keyGroupRange, numberOfKeyGroups);
+                        restoredQueues, priorityQueueFactory, keyGroupRange, numberOfKeyGroups);
         this.checkpointStrategy = new NativeCheckpointStrategy<>(this);
     }
 
@@ -180,21 +185,6 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
     // ------------------------------------------------------------------------
     //  States
     // ------------------------------------------------------------------------
-
-    private static NativeSession.Kind kindOf(StateDescriptor.Type type) {
-        switch (type) {
-            case VALUE:
-            case REDUCING:
-            case AGGREGATING:
-                return NativeSession.Kind.VALUE;
-            case LIST:
-                return NativeSession.Kind.LIST;
-            case MAP:
-                return NativeSession.Kind.MAP;
-            default:
-                throw new FlinkRuntimeException("Stator does not keep " + type + " state");
-        }
-    }
 
     @Nonnull
     @Override
@@ -266,7 +256,7 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
             }
         }
         if (info.stateId < 0) {
-            info.stateId = channel.session().register(desc.getName(), kindOf(desc.getType()));
+            info.stateId = channel.session().register(desc.getName(), Kinds.of(desc.getType()));
         }
         RegisteredKeyValueStateBackendMetaInfo<N, SV> meta =
                 (RegisteredKeyValueStateBackendMetaInfo<N, SV>) info.meta;
@@ -573,10 +563,26 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
                 .snapshot(checkpointId, timestamp, streamFactory, checkpointOptions);
     }
 
+    /**
+     * A canonical savepoint: the state is fixed here (an export on a session of its own, after
+     * every request made so far) and streamed into Flink's format on the snapshot thread.
+     */
     @Nonnull
     @Override
     public SavepointResources<K> savepoint() throws Exception {
-        throw new UnsupportedOperationException("canonical savepoints of Stator state are not implemented yet");
+        PortableSnapshotReader reader = scan();
+        List<RegisteredKeyValueStateBackendMetaInfo<?, ?>> kv = new ArrayList<>();
+        for (StateInfo i : states.values()) {
+            kv.add(i.meta);
+        }
+        List<HeapPriorityQueueStateSnapshot<?>> queues = new ArrayList<>();
+        for (HeapPriorityQueueSnapshotRestoreWrapper<?> q : priorityQueues.getRegisteredPQStates().values()) {
+            queues.add(q.stateSnapshot());
+        }
+        return new SavepointResources<>(
+                new CanonicalSavepointResources<>(
+                        kv, queues, keyGroupRange, numberOfKeyGroups, keySerializer, keyGroupCompressionDecorator, reader),
+                SnapshotExecutionType.ASYNCHRONOUS);
     }
 
     @Override

@@ -3,7 +3,9 @@ package io.stator.flink;
 import io.stator.flink.jni.NativeSession;
 import io.stator.flink.jni.StatorException;
 import io.stator.flink.session.RequestChannel;
+import io.stator.flink.snapshot.CanonicalRestore;
 import io.stator.flink.snapshot.StatorCheckpointHandle;
+import io.stator.flink.state.Kinds;
 
 import org.apache.flink.api.common.TaskInfo;
 import org.apache.flink.api.common.typeutils.TypeSerializer;
@@ -18,6 +20,7 @@ import org.apache.flink.runtime.state.RegisteredKeyValueStateBackendMetaInfo;
 import org.apache.flink.runtime.state.StateBackend.KeyedStateBackendParameters;
 import org.apache.flink.runtime.state.StateSerializerProvider;
 import org.apache.flink.runtime.state.heap.HeapPriorityQueueSetFactory;
+import org.apache.flink.runtime.state.heap.HeapPriorityQueueSnapshotRestoreWrapper;
 import org.apache.flink.runtime.state.InternalKeyContextImpl;
 import org.apache.flink.runtime.state.metainfo.StateMetaInfoSnapshot;
 import org.apache.flink.runtime.state.metrics.LatencyTrackingStateConfig;
@@ -155,9 +158,12 @@ final class StatorKeyedStateBackendBuilder<K> {
             d.cqEntries = queueEntries;
             d.arenaBytes = arenaBytes;
             data = open(d);
-            LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states = restore(data, o, userCode);
             channel = new RequestChannel(data, (int) Math.min(arenaBytes / 2, 1 << 30), inFlight, writeBatch);
-            NativeSession.Options scan = options(jobName, operator);
+            LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states = new LinkedHashMap<>();
+            LinkedHashMap<String, HeapPriorityQueueSnapshotRestoreWrapper<?>> queues = new LinkedHashMap<>();
+            HeapPriorityQueueSetFactory queueFactory =
+                    new HeapPriorityQueueSetFactory(p.getKeyGroupRange(), p.getNumberOfKeyGroups(), 128);
+            restore(data, channel, o, userCode, states, queues, queueFactory);
             return new StatorKeyedStateBackend<>(
                     p.getKvStateRegistry(),
                     p.getKeySerializer(),
@@ -171,9 +177,10 @@ final class StatorKeyedStateBackendBuilder<K> {
                     new InternalKeyContextImpl<>(p.getKeyGroupRange(), p.getNumberOfKeyGroups()),
                     channel,
                     checkpoints,
-                    scan,
+                    options(jobName, operator),
                     states,
-                    new HeapPriorityQueueSetFactory(p.getKeyGroupRange(), p.getNumberOfKeyGroups(), 128));
+                    queues,
+                    queueFactory);
         } catch (Exception e) {
             IOUtils.closeQuietly(channel);
             IOUtils.closeQuietly(data);
@@ -186,10 +193,17 @@ final class StatorKeyedStateBackendBuilder<K> {
         }
     }
 
-    private LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> restore(
-            NativeSession data, NativeSession.Options base, ClassLoader userCode) throws Exception {
-        LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states = new LinkedHashMap<>();
+    private void restore(
+            NativeSession data,
+            RequestChannel channel,
+            NativeSession.Options base,
+            ClassLoader userCode,
+            LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states,
+            LinkedHashMap<String, HeapPriorityQueueSnapshotRestoreWrapper<?>> queues,
+            HeapPriorityQueueSetFactory queueFactory)
+            throws Exception {
         List<StatorCheckpointHandle> checkpoints = new ArrayList<>();
+        List<KeyedStateHandle> canonical = new ArrayList<>();
         for (KeyedStateHandle h : p.getStateHandles()) {
             if (h == null) {
                 continue;
@@ -203,16 +217,23 @@ final class StatorKeyedStateBackendBuilder<K> {
             }
             StatorCheckpointHandle c = StatorCheckpointHandle.read((KeyGroupsStateHandle) h, userCode);
             if (c == null) {
-                throw new BackendBuildingException(
-                        "a checkpoint or savepoint in Flink's own format cannot be restored into Stator yet");
+                canonical.add(h);
+            } else {
+                checkpoints.add(c);
             }
-            checkpoints.add(c);
+        }
+        if (!checkpoints.isEmpty() && !canonical.isEmpty()) {
+            throw new BackendBuildingException(
+                    "the state to restore mixes Stator checkpoints and snapshots in Flink's own format");
         }
         long id = ThreadLocalRandom.current().nextLong(1, Long.MAX_VALUE);
         if (checkpoints.isEmpty()) {
-            // A fresh start sees nothing an earlier attempt of this job left behind.
+            // A fresh start (or a savepoint's restore) sees nothing an earlier attempt left.
             data.reset(id);
-            return states;
+            if (!canonical.isEmpty()) {
+                restoreCanonical(canonical, channel, userCode, states, queues, queueFactory);
+            }
+            return;
         }
         checkKeySerializer(checkpoints.get(0));
         for (StatorCheckpointHandle c : checkpoints) {
@@ -249,7 +270,34 @@ final class StatorKeyedStateBackendBuilder<K> {
                 NativeSession.transfer(from, data, id, handles);
             }
         }
-        return states;
+    }
+
+    private void restoreCanonical(
+            List<KeyedStateHandle> handles,
+            RequestChannel channel,
+            ClassLoader userCode,
+            LinkedHashMap<String, StatorKeyedStateBackend.StateInfo> states,
+            LinkedHashMap<String, HeapPriorityQueueSnapshotRestoreWrapper<?>> queues,
+            HeapPriorityQueueSetFactory queueFactory)
+            throws Exception {
+        StateSerializerProvider<K> keys = StateSerializerProvider.fromNewRegisteredSerializer(p.getKeySerializer());
+        CanonicalRestore<K> restore =
+                new CanonicalRestore<>(p.getKeyGroupRange(), p.getNumberOfKeyGroups(), userCode, keys, channel);
+        long n =
+                restore.restore(
+                        handles,
+                        meta -> {
+                            StatorKeyedStateBackend.StateInfo info =
+                                    states.computeIfAbsent(meta.getName(), k -> new StatorKeyedStateBackend.StateInfo(meta));
+                            if (info.stateId < 0) {
+                                info.stateId =
+                                        channel.session().register(meta.getName(), Kinds.of(meta.getStateType()));
+                            }
+                            return info.stateId;
+                        },
+                        queues,
+                        queueFactory);
+        LOG.info("Restored {} entries of {} from Flink's canonical format", n, p.getOperatorIdentifier());
     }
 
     private void checkKeySerializer(StatorCheckpointHandle c) throws StateMigrationException {

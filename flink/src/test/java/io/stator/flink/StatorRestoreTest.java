@@ -1,0 +1,297 @@
+package io.stator.flink;
+
+import io.stator.flink.testutils.Statord;
+
+import org.apache.flink.api.common.JobID;
+import org.apache.flink.api.common.state.ListState;
+import org.apache.flink.api.common.state.ListStateDescriptor;
+import org.apache.flink.api.common.state.MapState;
+import org.apache.flink.api.common.state.MapStateDescriptor;
+import org.apache.flink.api.common.state.ValueState;
+import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.api.common.typeutils.base.IntSerializer;
+import org.apache.flink.api.common.typeutils.base.LongSerializer;
+import org.apache.flink.api.common.typeutils.base.StringSerializer;
+import org.apache.flink.core.execution.SavepointFormatType;
+import org.apache.flink.core.fs.CloseableRegistry;
+import org.apache.flink.runtime.checkpoint.CheckpointOptions;
+import org.apache.flink.runtime.checkpoint.SavepointType;
+import org.apache.flink.runtime.operators.testutils.MockEnvironment;
+import org.apache.flink.runtime.state.CheckpointStorageLocationReference;
+import org.apache.flink.runtime.state.CheckpointStreamFactory;
+import org.apache.flink.runtime.state.CheckpointableKeyedStateBackend;
+import org.apache.flink.runtime.state.KeyGroupRange;
+import org.apache.flink.runtime.state.KeyGroupRangeAssignment;
+import org.apache.flink.runtime.state.KeyGroupsStateHandle;
+import org.apache.flink.runtime.state.KeyedStateHandle;
+import org.apache.flink.runtime.state.KeyedStateBackendParametersImpl;
+import org.apache.flink.runtime.state.SavepointSnapshotStrategy;
+import org.apache.flink.runtime.state.SnapshotExecutionType;
+import org.apache.flink.runtime.state.SnapshotResult;
+import org.apache.flink.runtime.state.SnapshotStrategyRunner;
+import org.apache.flink.runtime.state.StateBackend;
+import org.apache.flink.runtime.state.VoidNamespace;
+import org.apache.flink.runtime.state.VoidNamespaceSerializer;
+import org.apache.flink.runtime.state.hashmap.HashMapStateBackend;
+import org.apache.flink.runtime.state.memory.ByteStreamStateHandle;
+import org.apache.flink.runtime.state.storage.JobManagerCheckpointStorage;
+import org.apache.flink.runtime.state.ttl.TtlTimeProvider;
+import org.apache.flink.metrics.groups.UnregisteredMetricsGroup;
+
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.RunnableFuture;
+
+import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
+
+/**
+ * Restores the suite does not reach: a checkpoint of another job (streamed in), savepoints in
+ * Flink's canonical format both ways with the HashMap backend, and refusals of bad input, each
+ * against a real statord.
+ */
+class StatorRestoreTest {
+
+    private static final int MAX_PARALLELISM = 16;
+    private static final int KEYS = 500;
+
+    @TempDir static Path dir;
+    private static Statord statord;
+
+    @BeforeAll
+    static void start() throws Exception {
+        statord = new Statord(dir).start();
+    }
+
+    @AfterAll
+    static void stop() throws Exception {
+        statord.close();
+    }
+
+    private static StatorStateBackend stator(String job) {
+        return new StatorStateBackend().setSocket(statord.socket()).setJob(job).setArenaBytes(4 << 20);
+    }
+
+    private static CheckpointableKeyedStateBackend<Integer> backend(
+            StateBackend b, KeyGroupRange range, Collection<KeyedStateHandle> handles) throws Exception {
+        MockEnvironment env = MockEnvironment.builder().build();
+        return b.createKeyedStateBackend(
+                new KeyedStateBackendParametersImpl<>(
+                        env,
+                        new JobID(),
+                        "StreamMap_0123456789abcdef0123456789abcdef_(1/1)",
+                        IntSerializer.INSTANCE,
+                        MAX_PARALLELISM,
+                        range,
+                        env.getTaskKvStateRegistry(),
+                        TtlTimeProvider.DEFAULT,
+                        new UnregisteredMetricsGroup(),
+                        (name, value) -> {},
+                        handles,
+                        new CloseableRegistry(),
+                        1.0));
+    }
+
+    private static final KeyGroupRange ALL = new KeyGroupRange(0, MAX_PARALLELISM - 1);
+    private static final ValueStateDescriptor<Long> VALUE = new ValueStateDescriptor<>("value", LongSerializer.INSTANCE);
+    private static final ListStateDescriptor<String> LIST = new ListStateDescriptor<>("list", StringSerializer.INSTANCE);
+    private static final MapStateDescriptor<Integer, String> MAP =
+            new MapStateDescriptor<>("map", IntSerializer.INSTANCE, StringSerializer.INSTANCE);
+
+    /** Writes a known state for every key of the range. */
+    private static void write(CheckpointableKeyedStateBackend<Integer> b) throws Exception {
+        ValueState<Long> v = b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, VALUE);
+        ListState<String> l = b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, LIST);
+        MapState<Integer, String> m = b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, MAP);
+        for (int k = 0; k < KEYS; k++) {
+            if (!b.getKeyGroupRange().contains(KeyGroupRangeAssignment.assignToKeyGroup(k, MAX_PARALLELISM))) {
+                continue;
+            }
+            b.setCurrentKey(k);
+            v.update((long) k * 7);
+            l.add("a" + k);
+            l.add("b" + k);
+            m.put(k, "x" + k);
+            m.put(-k - 1, null);
+        }
+    }
+
+    /** Reads every key of the backend's range back into a model. */
+    private static Map<Integer, String> read(CheckpointableKeyedStateBackend<Integer> b) throws Exception {
+        ValueState<Long> v = b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, VALUE);
+        ListState<String> l = b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, LIST);
+        MapState<Integer, String> m = b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, MAP);
+        Map<Integer, String> out = new HashMap<>();
+        for (int k = 0; k < KEYS; k++) {
+            if (!b.getKeyGroupRange().contains(KeyGroupRangeAssignment.assignToKeyGroup(k, MAX_PARALLELISM))) {
+                continue;
+            }
+            b.setCurrentKey(k);
+            List<String> list = new ArrayList<>();
+            Iterable<String> got = l.get();
+            if (got != null) {
+                got.forEach(list::add);
+            }
+            Map<Integer, String> map = new java.util.TreeMap<>();
+            for (Map.Entry<Integer, String> e : m.entries()) {
+                map.put(e.getKey(), e.getValue());
+            }
+            out.put(k, v.value() + "|" + list + "|" + map);
+        }
+        return out;
+    }
+
+    private static Map<Integer, String> expected(KeyGroupRange range) {
+        Map<Integer, String> out = new HashMap<>();
+        for (int k = 0; k < KEYS; k++) {
+            if (range.contains(KeyGroupRangeAssignment.assignToKeyGroup(k, MAX_PARALLELISM))) {
+                Map<Integer, String> map = new java.util.TreeMap<>();
+                map.put(k, "x" + k);
+                map.put(-k - 1, null);
+                out.put(k, ((long) k * 7) + "|[a" + k + ", b" + k + "]|" + map);
+            }
+        }
+        return out;
+    }
+
+    private static CheckpointStreamFactory streams() throws Exception {
+        return new JobManagerCheckpointStorage()
+                .createCheckpointStorage(new JobID())
+                .resolveCheckpointStorageLocation(1L, CheckpointStorageLocationReference.getDefault());
+    }
+
+    private static KeyedStateHandle run(RunnableFuture<SnapshotResult<KeyedStateHandle>> f) throws Exception {
+        f.run();
+        return f.get().getJobManagerOwnedSnapshot();
+    }
+
+    private static KeyedStateHandle checkpoint(CheckpointableKeyedStateBackend<Integer> b, long id) throws Exception {
+        return run(b.snapshot(id, id, streams(), CheckpointOptions.forCheckpointWithDefaultLocation()));
+    }
+
+    private static KeyedStateHandle savepoint(CheckpointableKeyedStateBackend<Integer> b, long id) throws Exception {
+        SavepointSnapshotStrategy<Integer> s = new SavepointSnapshotStrategy<>(b.savepoint().getSnapshotResources());
+        return run(
+                new SnapshotStrategyRunner<>("savepoint", s, new CloseableRegistry(), SnapshotExecutionType.SYNCHRONOUS)
+                        .snapshot(
+                                id,
+                                id,
+                                streams(),
+                                CheckpointOptions.alignedNoTimeout(
+                                        SavepointType.savepoint(SavepointFormatType.CANONICAL),
+                                        CheckpointStorageLocationReference.getDefault())));
+    }
+
+    private static void dispose(CheckpointableKeyedStateBackend<Integer> b) throws Exception {
+        b.close();
+        b.dispose();
+    }
+
+    @Test
+    void aCheckpointOfAnotherJobIsCopiedInAndRescales() throws Exception {
+        CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-a"), new KeyGroupRange(0, 7), List.of());
+        CheckpointableKeyedStateBackend<Integer> b = backend(stator("job-a"), new KeyGroupRange(8, 15), List.of());
+        write(a);
+        write(b);
+        KeyedStateHandle ha = checkpoint(a, 1);
+        KeyedStateHandle hb = checkpoint(b, 1);
+        dispose(a);
+        dispose(b);
+        // Job B restores job A's checkpoints at another parallelism: a scale-in across jobs.
+        CheckpointableKeyedStateBackend<Integer> c = backend(stator("job-b"), ALL, List.of(ha, hb));
+        assertThat(read(c)).isEqualTo(expected(ALL));
+        dispose(c);
+        // And job A by reference, scaled out again.
+        for (KeyGroupRange r : List.of(new KeyGroupRange(0, 4), new KeyGroupRange(5, 15))) {
+            List<KeyedStateHandle> handles = new ArrayList<>();
+            for (KeyedStateHandle h : List.of(ha, hb)) {
+                KeyedStateHandle part = h.getIntersection(r);
+                if (part != null) {
+                    handles.add(part);
+                }
+            }
+            CheckpointableKeyedStateBackend<Integer> d = backend(stator("job-a"), r, handles);
+            assertThat(read(d)).isEqualTo(expected(r));
+            dispose(d);
+        }
+    }
+
+    @Test
+    void aFreshStartSeesNothingAnEarlierAttemptWrote() throws Exception {
+        CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-fresh"), ALL, List.of());
+        write(a);
+        dispose(a);
+        CheckpointableKeyedStateBackend<Integer> b = backend(stator("job-fresh"), ALL, List.of());
+        assertThat(read(b).values()).allMatch(s -> s.equals("null|[]|{}"));
+        dispose(b);
+    }
+
+    @Test
+    void canonicalSavepointsMoveBetweenStatorAndHashMap() throws Exception {
+        // Stator -> savepoint -> HashMap, at two parallelisms.
+        CheckpointableKeyedStateBackend<Integer> s = backend(stator("job-sp"), ALL, List.of());
+        write(s);
+        KeyedStateHandle sp = savepoint(s, 7);
+        dispose(s);
+        for (KeyGroupRange r : List.of(ALL, new KeyGroupRange(3, 11))) {
+            CheckpointableKeyedStateBackend<Integer> h =
+                    backend(new HashMapStateBackend(), r, List.of(((KeyGroupsStateHandle) sp).getIntersection(r)));
+            assertThat(read(h)).isEqualTo(expected(r));
+            dispose(h);
+        }
+        // HashMap -> savepoint -> Stator.
+        CheckpointableKeyedStateBackend<Integer> h = backend(new HashMapStateBackend(), ALL, List.of());
+        write(h);
+        KeyedStateHandle hp = savepoint(h, 8);
+        dispose(h);
+        CheckpointableKeyedStateBackend<Integer> s2 = backend(stator("job-sp2"), ALL, List.of(hp));
+        assertThat(read(s2)).isEqualTo(expected(ALL));
+        // And Stator's own checkpoint of it restores exactly.
+        KeyedStateHandle c = checkpoint(s2, 9);
+        dispose(s2);
+        CheckpointableKeyedStateBackend<Integer> s3 = backend(stator("job-sp2"), ALL, List.of(c));
+        assertThat(read(s3)).isEqualTo(expected(ALL));
+        dispose(s3);
+    }
+
+    @Test
+    void aMissingSocketNamesItself() {
+        StatorStateBackend b = new StatorStateBackend().setSocket(dir.resolve("nowhere.sock").toString());
+        assertThatThrownBy(() -> backend(b, ALL, List.of()))
+                .hasMessageContaining("nowhere.sock")
+                .hasMessageContaining("cannot connect to statord");
+    }
+
+    @Test
+    void anAlteredHandleIsRefusedAndChangesNothing() throws Exception {
+        CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-bad"), ALL, List.of());
+        write(a);
+        KeyGroupsStateHandle h = (KeyGroupsStateHandle) checkpoint(a, 1);
+        byte[] bytes = ((ByteStreamStateHandle) h.getDelegateStateHandle()).getData().clone();
+        // statord's handle (magic "STCH", store/FORMAT.md 12.3) inside the stream: alter its
+        // manifest number.
+        int at = new String(bytes, java.nio.charset.StandardCharsets.ISO_8859_1).indexOf("STCH");
+        assertThat(at).isPositive();
+        bytes[at + 9] ^= 0x5A;
+        KeyGroupsStateHandle altered =
+                new KeyGroupsStateHandle(h.getGroupRangeOffsets(), new ByteStreamStateHandle("altered", bytes));
+        assertThatThrownBy(() -> backend(stator("job-bad"), ALL, List.of(altered)))
+                .hasMessageContaining("statord refused");
+        // The live state is untouched by the refusal.
+        assertThat(read(a)).isEqualTo(expected(ALL));
+        dispose(a);
+        // A stream that is not a checkpoint at all is refused too.
+        KeyGroupsStateHandle garbage =
+                new KeyGroupsStateHandle(h.getGroupRangeOffsets(), new ByteStreamStateHandle("garbage", new byte[] {1, 2, 3}));
+        assertThatThrownBy(() -> backend(stator("job-bad"), ALL, List.of(garbage))).isNotNull();
+    }
+}
