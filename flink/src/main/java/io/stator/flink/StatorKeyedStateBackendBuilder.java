@@ -129,16 +129,22 @@ final class StatorKeyedStateBackendBuilder<K> {
         try {
             return NativeSession.open(o);
         } catch (StatorException e) {
-            if (e.code() == StatorException.REFUSED && e.detail() == -1) {
+            if (e.code() == StatorException.REFUSED
+                    && (e.detail() == StatorException.CONTROL_MALFORMED
+                            || e.detail() == StatorException.CONTROL_VERSION)) {
+                // An older (or newer) statord: name both sides so the operator knows which to
+                // upgrade.
                 throw new StatorException(
                         e.code(),
                         e.detail(),
                         e.getMessage()
                                 + " (statord at "
                                 + o.socket
-                                + " does not understand this stator-flink's requests; it needs statord "
+                                + " does not speak the control protocol of this stator-flink "
                                 + NativeSession.libraryVersion()
-                                + " or newer)");
+                                + "; run statord "
+                                + NativeSession.libraryVersion()
+                                + ")");
             }
             throw e;
         }

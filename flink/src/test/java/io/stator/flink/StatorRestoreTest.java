@@ -9,6 +9,7 @@ import org.apache.flink.api.common.state.MapState;
 import org.apache.flink.api.common.state.MapStateDescriptor;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.api.common.typeutils.TypeSerializer;
 import org.apache.flink.api.common.typeutils.base.IntSerializer;
 import org.apache.flink.api.common.typeutils.base.LongSerializer;
 import org.apache.flink.api.common.typeutils.base.StringSerializer;
@@ -43,6 +44,16 @@ import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
+import java.io.DataInputStream;
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.channels.Channels;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collection;
@@ -83,13 +94,19 @@ class StatorRestoreTest {
 
     private static CheckpointableKeyedStateBackend<Integer> backend(
             StateBackend b, KeyGroupRange range, Collection<KeyedStateHandle> handles) throws Exception {
+        return backend(b, IntSerializer.INSTANCE, range, handles);
+    }
+
+    private static <K> CheckpointableKeyedStateBackend<K> backend(
+            StateBackend b, TypeSerializer<K> keys, KeyGroupRange range, Collection<KeyedStateHandle> handles)
+            throws Exception {
         MockEnvironment env = MockEnvironment.builder().build();
         return b.createKeyedStateBackend(
                 new KeyedStateBackendParametersImpl<>(
                         env,
                         new JobID(),
                         "StreamMap_0123456789abcdef0123456789abcdef_(1/1)",
-                        IntSerializer.INSTANCE,
+                        keys,
                         MAX_PARALLELISM,
                         range,
                         env.getTaskKvStateRegistry(),
@@ -293,5 +310,58 @@ class StatorRestoreTest {
         KeyGroupsStateHandle garbage =
                 new KeyGroupsStateHandle(h.getGroupRangeOffsets(), new ByteStreamStateHandle("garbage", new byte[] {1, 2, 3}));
         assertThatThrownBy(() -> backend(stator("job-bad"), ALL, List.of(garbage))).isNotNull();
+    }
+
+    @Test
+    void aStatordOfAnotherVersionIsNamed() throws Exception {
+        // A daemon that speaks another control protocol answers Open with Error VERSION
+        // (daemon/CONTROL.md, responses): one frame from a socket of this test's own.
+        Path sock = dir.resolve("other-version.sock");
+        try (ServerSocketChannel server = ServerSocketChannel.open(StandardProtocolFamily.UNIX)) {
+            server.bind(UnixDomainSocketAddress.of(sock));
+            Thread daemon = new Thread(() -> answerVersion(server), "fake-statord");
+            daemon.setDaemon(true);
+            daemon.start();
+            StatorStateBackend b = new StatorStateBackend().setSocket(sock.toString());
+            assertThatThrownBy(() -> backend(b, ALL, List.of()))
+                    .hasMessageContaining("this statord speaks control protocol 9")
+                    .hasMessageContaining(sock.toString())
+                    .hasMessageContaining("run statord " + io.stator.flink.jni.NativeSession.libraryVersion());
+            daemon.join(10_000);
+        }
+    }
+
+    /** Reads one framed request and answers it {@code Error VERSION}. */
+    private static void answerVersion(ServerSocketChannel server) {
+        try (SocketChannel c = server.accept()) {
+            DataInputStream in = new DataInputStream(Channels.newInputStream(c));
+            int len = Integer.reverseBytes(in.readInt());
+            byte type = in.readByte();
+            in.skipNBytes(len - 1);
+            byte[] message = "unsupported protocol version: this statord speaks control protocol 9".getBytes(StandardCharsets.UTF_8);
+            ByteBuffer out = ByteBuffer.allocate(4 + 1 + 4 + 2 + message.length).order(ByteOrder.LITTLE_ENDIAN);
+            out.putInt(1 + 4 + 2 + message.length).put((byte) (type | 0x80)).putInt(-2);
+            out.putShort((short) message.length).put(message).flip();
+            while (out.hasRemaining()) {
+                c.write(out);
+            }
+        } catch (IOException e) {
+            throw new RuntimeException(e);
+        }
+    }
+
+    @Test
+    void aChangedKeySerializerIsRefusedAndChangesNothing() throws Exception {
+        CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-keys"), ALL, List.of());
+        write(a);
+        KeyedStateHandle h = checkpoint(a, 1);
+        dispose(a);
+        // The checkpoint's keys are ints; a job that now keys by strings cannot read them.
+        assertThatThrownBy(() -> backend(stator("job-keys"), StringSerializer.INSTANCE, ALL, List.of(h)))
+                .hasStackTraceContaining("key serializer");
+        // The refused restore left the checkpoint as it was: the right key serializer restores it.
+        CheckpointableKeyedStateBackend<Integer> b = backend(stator("job-keys"), ALL, List.of(h));
+        assertThat(read(b)).isEqualTo(expected(ALL));
+        dispose(b);
     }
 }

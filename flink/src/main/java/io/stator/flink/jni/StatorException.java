@@ -29,6 +29,8 @@ public class StatorException extends IOException {
     /** A bug in the native library. */
     public static final int PANIC = -9;
 
+    /** Control status: the request did not decode (an older daemon meets a newer field). */
+    public static final int CONTROL_MALFORMED = -1;
     /** Control status: the protocol version is not the daemon's. */
     public static final int CONTROL_VERSION = -2;
 
