@@ -47,6 +47,14 @@ impl JniSession {
         self.s.submit(&start, TOKEN_EXPORT)?;
         self.s.flush()?;
         self.wait_done(TOKEN_EXPORT)?.status?;
+        // The export exists in statord from here on: record it first, so a failure below
+        // leaves something `export_cancel` can cancel.
+        self.export = Some(Export {
+            id,
+            next: 0,
+            reading: None,
+            ended: false,
+        });
         for slot in 0..self.s.chunk_slots() {
             self.s.submit(
                 &Request::chunk_release(id, slot),
@@ -54,12 +62,6 @@ impl JniSession {
             )?;
         }
         self.s.flush()?;
-        self.export = Some(Export {
-            id,
-            next: 0,
-            reading: None,
-            ended: false,
-        });
         Ok(())
     }
 

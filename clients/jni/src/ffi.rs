@@ -88,6 +88,20 @@ pub struct Handle {
     session: std::cell::UnsafeCell<JniSession>,
 }
 
+// SAFETY: a `JavaBuf` names memory of a Java direct buffer (or the shared
+// segment) that stays valid while the Java object holding it lives, on
+// whichever thread; it is only dereferenced inside a call, under the
+// session's busy flag, so moving it between threads moves no access.
+unsafe impl Send for JavaBuf {}
+
+/// A session is used from several JVM threads in turn (the task thread,
+/// the asynchronous snapshot thread), one at a time under `busy`: it must
+/// be `Send`, which this checks at compile time.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<JniSession>();
+};
+
 impl Handle {
     pub fn into_jlong(s: JniSession) -> jlong {
         Box::into_raw(Box::new(Handle {
@@ -139,8 +153,9 @@ pub fn new_direct_buffer(env: *mut JNIEnv, addr: *mut u8, len: usize) -> jobject
     }
     // SAFETY: `env` is the JNIEnv the JVM passed to this native call, whose
     // function table has NewDirectByteBuffer (JNI 1.4); the memory stays
-    // mapped while the session lives, and Java drops its views before it
-    // frees the session.
+    // mapped while the session lives, and the Java side touches its views
+    // only through a channel that refuses every call once it closed the
+    // session (under the lock its state calls hold).
     unsafe { ((**env).v1_4.NewDirectByteBuffer)(env, addr.cast(), len as jlong) }
 }
 

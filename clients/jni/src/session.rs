@@ -285,7 +285,11 @@ impl JniSession {
         self.s
             .submit(&Request::checkpoint_notify(id, kind), TOKEN_NOTIFY)?;
         self.s.flush()?;
-        self.wait_done(TOKEN_NOTIFY)?.status
+        let status = self.wait_done(TOKEN_NOTIFY)?.status;
+        // Checkpoints up to `id` are settled: forget the outcomes nobody
+        // waited for (an asynchronous part the engine cancelled).
+        self.done.retain(|t, _| *t >= TOKEN_NOP || *t > id);
+        status
     }
 
     /// Empties the session's state (every state of its operator in its key

@@ -387,8 +387,12 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
                                 ready = make.apply(new byte[][] {key, ns});
                                 return true;
                             }
+                            // Read to the end: the scan's session and export go now, not only
+                            // when (if ever) the caller closes the stream.
+                            IOUtils.closeQuietly(r);
                             return false;
                         } catch (IOException e) {
+                            IOUtils.closeQuietly(r);
                             throw new FlinkRuntimeException("statord failed while scanning " + names, e);
                         }
                     }
@@ -571,6 +575,15 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
     @Override
     public SavepointResources<K> savepoint() throws Exception {
         PortableSnapshotReader reader = scan();
+        try {
+            return savepoint(reader);
+        } catch (Exception | Error e) {
+            IOUtils.closeQuietly(reader);
+            throw e;
+        }
+    }
+
+    private SavepointResources<K> savepoint(PortableSnapshotReader reader) {
         List<RegisteredKeyValueStateBackendMetaInfo<?, ?>> kv = new ArrayList<>();
         for (StateInfo i : states.values()) {
             kv.add(i.meta);
@@ -621,7 +634,11 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
         // Writes not yet in statord are dropped with the task: its state is restored from a
         // checkpoint when it runs again.
         IOUtils.closeQuietly(checkpointStrategy);
-        IOUtils.closeQuietly(channel);
+        // Under the channel's lock: a state call of another thread (queryable state) either
+        // finished or finds the channel closed, never an unmapped arena.
+        synchronized (channel) {
+            IOUtils.closeQuietly(channel);
+        }
         IOUtils.closeQuietly(checkpoints);
         states.clear();
     }

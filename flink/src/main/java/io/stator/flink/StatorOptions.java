@@ -49,7 +49,7 @@ public final class StatorOptions {
                     .memoryType()
                     .defaultValue(MemorySize.parse("64mb"))
                     .withDescription(
-                            "Shared memory per task for keys, values and results (a power of two); "
+                            "Shared memory per task for keys, values and results (a power of two, 1 MiB to 1 GiB); "
                                     + "half of it holds requests in flight, so the largest value is about "
                                     + "half of this.");
 

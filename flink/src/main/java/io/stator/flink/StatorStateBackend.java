@@ -62,7 +62,11 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
 
     private void validate() {
         check(Integer.bitCount(queueEntries) == 1 && queueEntries >= 64, StatorOptions.QUEUE_ENTRIES.key(), queueEntries);
-        check(Long.bitCount(arenaBytes) == 1 && arenaBytes >= (1 << 20), StatorOptions.ARENA_SIZE.key(), arenaBytes);
+        // A power of two from 1 MiB to 1 GiB: a Java direct buffer spans at most 2 GiB - 1.
+        check(
+                Long.bitCount(arenaBytes) == 1 && arenaBytes >= (1 << 20) && arenaBytes <= (1 << 30),
+                StatorOptions.ARENA_SIZE.key(),
+                arenaBytes);
         check(Integer.bitCount(inFlight) == 1 && inFlight <= queueEntries, StatorOptions.IN_FLIGHT.key(), inFlight);
         check(writeBatch >= 1, StatorOptions.WRITE_BATCH.key(), writeBatch);
     }

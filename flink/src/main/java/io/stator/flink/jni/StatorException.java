@@ -28,6 +28,8 @@ public class StatorException extends IOException {
     public static final int CONNECT = -8;
     /** A bug in the native library. */
     public static final int PANIC = -9;
+    /** The channel was closed (the backend disposed); raised by the Java side only. */
+    public static final int CLOSED = -10;
 
     /** Control status: the request did not decode (an older daemon meets a newer field). */
     public static final int CONTROL_MALFORMED = -1;

@@ -271,7 +271,16 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
 
     /** Sends what is pending and takes what completed (waiting for one if {@code wait}). */
     private void drive(boolean wait) throws StatorException {
-        int n = session.call(pending, wait && next > oldest);
+        checkFailure();
+        int n;
+        try {
+            n = session.call(pending, wait && next > oldest);
+        } catch (StatorException e) {
+            // Some of the pending commands may be in statord and some not: this channel can no
+            // longer tell, so it fails every later call rather than submit any of them twice.
+            failure = e;
+            throw e;
+        }
         pending = 0;
         for (int i = 0; i < n; i++) {
             int at = i * COMPLETION_LEN;
@@ -358,8 +367,15 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
         return base + starts[(int) (token & mask)] + relative;
     }
 
+    /**
+     * Closes the session. Every later call on this channel fails (before it touches the arena,
+     * which the session unmaps); callers close it under the same lock as their requests.
+     */
     @Override
     public void close() throws StatorException {
+        if (failure == null || failure.code() != StatorException.CLOSED) {
+            failure = new StatorException(StatorException.CLOSED, 0, "the state backend is disposed");
+        }
         session.close();
     }
 }

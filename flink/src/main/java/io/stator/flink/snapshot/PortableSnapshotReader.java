@@ -24,6 +24,7 @@ public final class PortableSnapshotReader implements AutoCloseable {
 
     private final NativeSession session;
     private final ByteBuffer[] slots;
+    private boolean closed;
     private ByteBuffer chunk;
     private int pos;
     private int end;
@@ -224,6 +225,10 @@ public final class PortableSnapshotReader implements AutoCloseable {
     /** Ends the export: after its last chunk, hands the slot back; before it, cancels. */
     @Override
     public void close() throws StatorException {
+        if (closed) {
+            return;
+        }
+        closed = true;
         try {
             if (last) {
                 session.exportNext();

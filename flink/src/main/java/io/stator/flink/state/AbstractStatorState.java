@@ -49,6 +49,8 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
 
     /** The result buffer a read asks for; grows to the largest result seen. */
     private int readCapacity = 256;
+    /** The most result room a read keeps reserving after a larger result. */
+    static final int STICKY_CAPACITY = 64 << 10;
 
     protected AbstractStatorState(
             StateContext<K> backend,
@@ -149,6 +151,7 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
 
     protected <UK> int read(byte op, N namespace, UK userKey, TypeSerializer<UK> userKeySerializer, int flags)
             throws IOException {
+        int cap = readCapacity;
         while (true) {
             beginKeyed(namespace);
             int ukOff = RequestChannel.NONE;
@@ -158,16 +161,18 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
                 userKeySerializer.serialize(userKey, ch.out);
                 ukLen = ch.mark() - ukOff;
             }
-            int cap = readCapacity;
             int outOff = ch.mark();
             ch.out.reserve(cap);
             long token =
                     ch.submit(op, flags, keyGroup(), stateId, keyOff, keyLen, nsOff, nsLen, ukOff, ukLen, outOff, cap, 0);
             int status = ch.await(token);
             if (status == Status.RESULT_TOO_LARGE) {
-                readCapacity = grow(ch.resultLength());
+                cap = grow(ch.resultLength());
                 continue;
             }
+            // Later reads keep a grown room only up to STICKY_CAPACITY: one huge value must not
+            // make every read reserve (or fail to reserve) as much.
+            readCapacity = Math.max(readCapacity, Math.min(cap, STICKY_CAPACITY));
             check(status, op);
             resultOff = ch.absolute(token, outOff);
             return status;
