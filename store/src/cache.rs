@@ -185,6 +185,13 @@ impl BlockCache {
         })
     }
 
+    /// Inserts `b` only if it fits without evicting anything.
+    pub fn insert_if_room(&mut self, seg: u64, block: u32, b: Rc<Block>) {
+        if self.bytes() + b.memory_bytes() <= self.budget {
+            self.insert(seg, block, b);
+        }
+    }
+
     pub fn insert(&mut self, seg: u64, block: u32, b: Rc<Block>) {
         if self.budget == 0 || self.map.contains_key(&(seg, block)) {
             return;

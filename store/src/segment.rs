@@ -315,6 +315,9 @@ pub struct SegmentWriter {
     /// zeroing pass and page faults).
     spare: Vec<AlignedBuf>,
     finished_data: bool,
+    /// Copies of the data blocks sealed since the last `take_sealed`, by
+    /// block number, when the owner asked for them (`keep_blocks`).
+    sealed: Option<Vec<(u32, AlignedBuf)>>,
 }
 
 impl SegmentWriter {
@@ -375,7 +378,21 @@ impl SegmentWriter {
             fsync_issued: false,
             spare: Vec::new(),
             finished_data: false,
+            sealed: None,
         })
+    }
+
+    /// Keeps a copy of every data block sealed from now on, for the owner
+    /// to put into the block cache (`take_sealed`): what was just written
+    /// is what reads want next, and the file bypasses the page cache.
+    pub fn keep_blocks(&mut self) {
+        self.sealed = Some(Vec::new());
+    }
+
+    /// The blocks sealed since the last call, by block number (empty
+    /// unless `keep_blocks` was called).
+    pub fn take_sealed(&mut self) -> Vec<(u32, AlignedBuf)> {
+        self.sealed.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Adds a record; keys in strictly ascending order.
@@ -401,7 +418,13 @@ impl SegmentWriter {
         let off = self.offset + self.buf.len() as u64;
         self.index.push(off, len as u32, self.block.last_key());
         // Straight into the write buffer.
+        let at = self.buf.len();
         self.block.finish_into(&mut self.buf);
+        if let Some(sealed) = &mut self.sealed {
+            let mut copy = AlignedBuf::with_capacity(len);
+            copy.extend_from_slice(&self.buf[at..]);
+            sealed.push((self.index.len() as u32 - 1, copy));
+        }
         if self.buf.len() >= WRITE_CHUNK {
             self.flush_buf(io, 0);
         }

@@ -242,10 +242,14 @@ fn submit_batch_applies_ops_in_order_and_answers_each() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
     cfg.memtable_bytes = Some(256 << 10);
-    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    let (mut s, _) = Store::open(cfg.clone(), SyncIo::new(false)).unwrap();
     run(&mut s, Op::Put(k(1, b"on-disk"), b"old")).unwrap();
     s.flush();
     s.settle();
+    // Reopened, so the key is only on disk (a flush leaves what it wrote in
+    // the block cache).
+    drop(s);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
     let big = vec![0u8; (64 << 20) + 1];
     let ops = [
         Op::Get(k(1, b"a")),
@@ -288,4 +292,44 @@ fn submit_batch_applies_ops_in_order_and_answers_each() {
         Some(Ok(Owned::Value(None))),
         "the refused put wrote nothing"
     );
+}
+
+/// A flush leaves the blocks it wrote in the block cache (the file
+/// bypasses the page cache): reads of what was just flushed are answered
+/// at once, not from the disk, and a reopened store reads them from disk.
+#[test]
+fn a_flush_leaves_what_it_wrote_in_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(256 << 10);
+    let (mut s, _) = Store::open(cfg.clone(), SyncIo::new(false)).unwrap();
+    let keys: Vec<Vec<u8>> = (0..2000u32).map(|i| i.to_be_bytes().to_vec()).collect();
+    for key in &keys {
+        run(&mut s, Op::Put(k(3, key), b"flushed")).unwrap();
+    }
+    s.flush();
+    s.settle();
+    let pending_gets = |s: &mut Store<SyncIo>| {
+        let ops: Vec<Op> = keys.iter().map(|key| Op::Get(k(3, key))).collect();
+        let tokens: Vec<u64> = (0..ops.len() as u64).collect();
+        let mut pending = 0;
+        s.submit_batch(&tokens, &ops, |_, r| match r {
+            Ok(stator_store::Submitted::Ready(o)) => {
+                assert_eq!(Owned::from(o), Owned::Value(Some(b"flushed".to_vec())))
+            }
+            Ok(stator_store::Submitted::Pending) => pending += 1,
+            Err(e) => panic!("{e}"),
+        });
+        s.drain(false, |_, r| {
+            assert_eq!(
+                r.map(Owned::from).unwrap(),
+                Owned::Value(Some(b"flushed".to_vec()))
+            )
+        });
+        pending
+    };
+    assert_eq!(pending_gets(&mut s), 0, "every flushed block is cached");
+    drop(s);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    assert!(pending_gets(&mut s) > 0, "a reopened store reads from disk");
 }

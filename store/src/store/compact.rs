@@ -62,9 +62,14 @@ impl<I: Io> Store<I> {
             min_order,
             tag(TAG_COMPACT_WRITE, serial),
         ) {
-            Ok(w) => w,
+            Ok(mut w) => {
+                w.keep_blocks();
+                w
+            }
             Err(e) => return self.background_failed(e),
         };
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
         let cursors = inputs
             .iter()
             .map(|s| Cursor::new(s.clone(), COMPACT_READ_BLOCKS, 1))
@@ -88,6 +93,7 @@ impl<I: Io> Store<I> {
             scratch: Vec::new(),
             serial,
             reserve,
+            id,
         });
         self.rebalance_cache();
     }
@@ -121,6 +127,20 @@ impl<I: Io> Store<I> {
     }
 
     pub(super) fn step_compaction(&mut self) {
+        self.step_compaction_records();
+        // The output's blocks replace the inputs' in the cache (which
+        // forgets those at install) while there is room: the state stays
+        // warm when it fits, and a larger-than-memory merge evicts nothing.
+        if let Some(j) = self.compact.as_mut() {
+            for (n, buf) in j.writer.take_sealed() {
+                if let Ok(b) = Block::parse(buf) {
+                    self.cache.insert_if_room(j.id, n, Rc::new(b));
+                }
+            }
+        }
+    }
+
+    fn step_compaction_records(&mut self) {
         if let Some(e) = self
             .compact
             .as_ref()
@@ -245,9 +265,7 @@ impl<I: Io> Store<I> {
             Ok(true) => {}
         }
         let j = self.compact.take().expect("checked above");
-        let id = self.next_segment_id;
-        self.next_segment_id += 1;
-        let out = Rc::new(j.writer.into_segment(id));
+        let out = Rc::new(j.writer.into_segment(j.id));
         // The inputs leave by id and the output goes where its order says.
         let ids: Vec<u64> = j.inputs.iter().map(|s| s.id).collect();
         let (removed, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
@@ -271,6 +289,7 @@ impl<I: Io> Store<I> {
 
     pub(super) fn abandon_compaction(&mut self, e: StoreError) {
         if let Some(j) = self.compact.take() {
+            self.cache.forget_segment(j.id);
             if j.writer.all_written() || j.writer.error.is_some() {
                 self.io.close(j.writer.file);
                 let _ = std::fs::remove_file(&j.writer.path);

@@ -15,7 +15,10 @@ impl<I: Io> Store<I> {
             order,
             tag(TAG_FLUSH_WRITE, serial),
         ) {
-            Ok(w) => w,
+            Ok(mut w) => {
+                w.keep_blocks();
+                w
+            }
             Err(e) => {
                 self.fail_flush_waiters(&e);
                 return self.background_failed(e);
@@ -27,6 +30,8 @@ impl<I: Io> Store<I> {
         let unsorted: Vec<u64> = mem.live_addrs();
         // Nothing older exists: tombstones have nothing to hide.
         let bottom = self.segments.is_empty();
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
         self.flush = Some(FlushJob {
             mem,
             unsorted,
@@ -37,11 +42,27 @@ impl<I: Io> Store<I> {
             syncing: false,
             scratch: Vec::new(),
             serial,
+            id,
         });
         self.rebalance_cache();
     }
 
     pub(super) fn step_flush(&mut self) {
+        self.step_flush_records();
+        // What was just written is what reads want next (the frozen
+        // memtable answered them until now); the file bypasses the page
+        // cache, so without this every read after the flush would go to
+        // the disk. It may evict: recent writes are the hot set.
+        if let Some(j) = self.flush.as_mut() {
+            for (n, buf) in j.writer.take_sealed() {
+                if let Ok(b) = Block::parse(buf) {
+                    self.cache.insert(j.id, n, Rc::new(b));
+                }
+            }
+        }
+    }
+
+    fn step_flush_records(&mut self) {
         let work = self.cfg.work_per_poll;
         let j = self.flush.as_mut().expect("called with a flush job");
         if j.syncing {
@@ -115,9 +136,7 @@ impl<I: Io> Store<I> {
         }
         let j = self.flush.take().expect("checked above");
         let order = self.frozen.last().expect("a flush has a frozen memtable").0;
-        let id = self.next_segment_id;
-        self.next_segment_id += 1;
-        let seg = Rc::new(j.writer.into_segment(id));
+        let seg = Rc::new(j.writer.into_segment(j.id));
         // Newest first by order: a restore can have placed newer layers.
         let pos = self
             .segments
@@ -142,6 +161,7 @@ impl<I: Io> Store<I> {
         if let Some(j) = self.flush.take() {
             // Stop writing that file; the frozen memtable stays in memory
             // (nothing is lost) and a later attempt writes a new file.
+            self.cache.forget_segment(j.id);
             self.io.close(j.writer.file);
             let _ = std::fs::remove_file(&j.writer.path);
         }

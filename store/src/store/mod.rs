@@ -316,6 +316,9 @@ struct FlushJob {
     /// In its I/O tokens: completions of an abandoned job's writes (still
     /// in flight when it was dropped) are not taken for a later job's.
     serial: u64,
+    /// The segment's id, taken at the start: its blocks enter the block
+    /// cache under it as they are written.
+    id: u64,
 }
 
 struct CompactJob {
@@ -333,6 +336,8 @@ struct CompactJob {
     /// Memory its read-ahead and its output's index and filter may take
     /// (the inputs' together), reserved from the block cache.
     reserve: usize,
+    /// The output's id, as `FlushJob::id`.
+    id: u64,
 }
 
 /// Blocks of read-ahead per compaction input.
