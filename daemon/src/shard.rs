@@ -1748,6 +1748,7 @@ fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
         Opcode::Get => Op::Get(k),
         Opcode::Put => Op::Put(k, val),
         Opcode::Delete => Op::Delete(k),
+        Opcode::ListAppend if it.flags & sqe_flags::ELEMENTS != 0 => Op::ListAppendAll(k, val),
         Opcode::ListAppend => Op::ListAppend(k, val),
         Opcode::ListGet => Op::ListGet(k),
         Opcode::ListReplace => Op::ListReplace(k, val),

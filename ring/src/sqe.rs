@@ -74,8 +74,12 @@ pub mod sqe_flags {
     /// holds (back to back) hold of the session's key groups, instead of
     /// its live state. The live state is not touched.
     pub const FROM_CHECKPOINTS: u8 = 1 << 2;
+    /// List append: `value` is an encoded element list (`u32 len | bytes`
+    /// each, as `ListReplace` takes), appended whole and in order: one
+    /// request for what would take one per element.
+    pub const ELEMENTS: u8 = 1 << 3;
     /// Every defined bit.
-    pub const ALL: u8 = BUFFER_SELECT | ITER_RESUME | FROM_CHECKPOINTS;
+    pub const ALL: u8 = BUFFER_SELECT | ITER_RESUME | FROM_CHECKPOINTS | ELEMENTS;
 }
 
 /// Map iteration modes (`arg` of [`Opcode::MapIter`]).
@@ -273,6 +277,9 @@ impl Sqe {
         }
         if op == Opcode::SnapshotExport {
             allowed |= sqe_flags::FROM_CHECKPOINTS;
+        }
+        if op == Opcode::ListAppend {
+            allowed |= sqe_flags::ELEMENTS;
         }
         if self.flags & !allowed != 0 {
             return Err(SqeError::BadFlags {

@@ -361,6 +361,15 @@ fn descriptor_validation() {
     };
     let v = ok.validate(&arena).unwrap();
     assert_eq!(v.key.off, 1 << 20);
+    let append_all = Sqe {
+        opcode: Opcode::ListAppend as u8,
+        flags: sqe_flags::ELEMENTS,
+        ..ok
+    };
+    assert_eq!(
+        append_all.validate(&arena).unwrap().flags,
+        sqe_flags::ELEMENTS
+    );
     assert_eq!(v.value.off, (1 << 20) + 64);
     let cases: Vec<(Sqe, SqeError)> = vec![
         (Sqe { opcode: 200, ..ok }, SqeError::BadOpcode(200)),
@@ -379,6 +388,17 @@ fn descriptor_validation() {
             SqeError::BadFlags {
                 op: Opcode::Put,
                 flags: 1,
+            },
+        ),
+        (
+            // ELEMENTS belongs to ListAppend alone.
+            Sqe {
+                flags: sqe_flags::ELEMENTS,
+                ..ok
+            },
+            SqeError::BadFlags {
+                op: Opcode::Put,
+                flags: sqe_flags::ELEMENTS,
             },
         ),
         (Sqe { reserved: 1, ..ok }, SqeError::Reserved(1)),

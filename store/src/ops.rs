@@ -36,6 +36,8 @@ pub enum Op<'a> {
     Delete(KeyRef<'a>),
     /// Appends one element.
     ListAppend(KeyRef<'a>, &'a [u8]),
+    /// Appends an encoded element list (`u32 len | bytes` each), in order.
+    ListAppendAll(KeyRef<'a>, &'a [u8]),
     /// All elements, encoded `u32 len | bytes` each.
     ListGet(KeyRef<'a>),
     /// Replaces all elements with an encoded element list (empty: delete).

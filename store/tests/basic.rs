@@ -58,6 +58,20 @@ fn exercise<I: Io>(io: I, dir: &std::path::Path) {
         run(&mut s, Op::ListGet(lk)).unwrap(),
         Owned::Value(Some(want.clone()))
     );
+    // Several elements in one append, after the others and in order; a
+    // malformed list is refused and appends nothing.
+    let mut more = Vec::new();
+    stator_store::ops::encode_element(&mut more, b"ccc");
+    stator_store::ops::encode_element(&mut more, b"");
+    run(&mut s, Op::ListAppendAll(lk, &more)).unwrap();
+    assert!(run(&mut s, Op::ListAppendAll(lk, &[9, 0, 0, 0, 1])).is_err());
+    let mut all = want.clone();
+    all.extend_from_slice(&more);
+    assert_eq!(
+        run(&mut s, Op::ListGet(lk)).unwrap(),
+        Owned::Value(Some(all))
+    );
+    run(&mut s, Op::ListReplace(lk, &want)).unwrap();
     let mk = KeyRef {
         key_group: 9,
         state: 3,

@@ -47,6 +47,7 @@ enum MOp {
     Delete(Key),
     Get(Key),
     Append(Key, Vec<u8>),
+    AppendAll(Key, Vec<Vec<u8>>),
     Replace(Key, Vec<Vec<u8>>),
     ListGet(Key),
     ClearValue(Key),
@@ -88,6 +89,7 @@ fn op() -> impl Strategy<Value = MOp> {
         2 => key().prop_map(MOp::Delete),
         6 => key().prop_map(MOp::Get),
         4 => (key(), bytes()).prop_map(|(k, v)| MOp::Append(k, v)),
+        2 => (key(), prop::collection::vec(bytes(), 0..4)).prop_map(|(k, v)| MOp::AppendAll(k, v)),
         1 => (key(), prop::collection::vec(bytes(), 0..3)).prop_map(|(k, v)| MOp::Replace(k, v)),
         4 => key().prop_map(MOp::ListGet),
         1 => key().prop_map(MOp::ClearValue),
@@ -185,6 +187,12 @@ fn run_case<I: Io>(ops: Vec<MOp>, mk: fn() -> I) {
             MOp::Append(k, v) => {
                 run(&mut s, Op::ListAppend(kr(&k, LIST), &v)).unwrap();
                 m.lists.entry(k).or_default().push(v);
+            }
+            MOp::AppendAll(k, l) => {
+                run(&mut s, Op::ListAppendAll(kr(&k, LIST), &list_bytes(&l))).unwrap();
+                if !l.is_empty() {
+                    m.lists.entry(k).or_default().extend(l);
+                }
             }
             MOp::Replace(k, l) => {
                 run(&mut s, Op::ListReplace(kr(&k, LIST), &list_bytes(&l))).unwrap();

@@ -40,6 +40,17 @@ impl<I: Io> Store<I> {
                 self.active.merge(key, bloom::hash(key), &operand);
                 self.scratch = operand;
             }
+            Op::ListAppendAll(k, list) => {
+                let kb = KeyBuf::encode(&k, None)?;
+                let key = kb.as_slice();
+                check_value(list)?;
+                crate::ops::check_elements(list)
+                    .ok_or(StoreError::Invalid("malformed element list"))?;
+                // The operand is already what a list's operands join into.
+                if !list.is_empty() {
+                    self.active.merge(key, bloom::hash(key), list);
+                }
+            }
             Op::ListReplace(k, list) => {
                 let kb = KeyBuf::encode(&k, None)?;
                 let key = kb.as_slice();
@@ -197,10 +208,13 @@ impl<I: Io> Store<I> {
         self.check_memory()?;
         for op in batch {
             match *op {
-                Op::Put(k, v) | Op::ListAppend(k, v) | Op::ListReplace(k, v) => {
+                Op::Put(k, v)
+                | Op::ListAppend(k, v)
+                | Op::ListAppendAll(k, v)
+                | Op::ListReplace(k, v) => {
                     encode(&k, None)?;
                     check_value(v)?;
-                    if let Op::ListReplace(_, l) = op {
+                    if let Op::ListReplace(_, l) | Op::ListAppendAll(_, l) = op {
                         crate::ops::check_elements(l)
                             .ok_or(StoreError::Invalid("malformed element list"))?;
                     }

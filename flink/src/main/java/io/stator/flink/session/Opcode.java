@@ -19,6 +19,8 @@ public final class Opcode {
 
     /** {@code MapIter}: resume after the user key given. */
     public static final int FLAG_ITER_RESUME = 0x02;
+    /** {@link #LIST_APPEND}: the value is an encoded element list, appended whole. */
+    public static final int FLAG_ELEMENTS = 0x08;
 
     /** {@code MapIter} modes. */
     public static final long ITER_KEYS = 1;

@@ -130,7 +130,11 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
 
     /** Submits a write on the key part with an optional user key and value. */
     protected void write(byte op, int ukOff, int ukLen, int valueOff, int valueLen) throws IOException {
-        ch.submit(op, 0, keyGroup(), stateId, keyOff, keyLen, nsOff, nsLen, ukOff, ukLen, valueOff, valueLen, 0);
+        write(op, 0, ukOff, ukLen, valueOff, valueLen);
+    }
+
+    protected void write(byte op, int flags, int ukOff, int ukLen, int valueOff, int valueLen) throws IOException {
+        ch.submit(op, flags, keyGroup(), stateId, keyOff, keyLen, nsOff, nsLen, ukOff, ukLen, valueOff, valueLen, 0);
     }
 
     /** Writes {@code op} (no user key, no value) on the current key and namespace. */

@@ -91,8 +91,11 @@ public final class StatorListState<K, N, V> extends AbstractStatorState<K, N, Li
             for (V v : values) {
                 Preconditions.checkNotNull(v, "You cannot add null to a ListState.");
             }
-            for (V v : values) {
-                append(v);
+            if (values.size() == 1) {
+                append(values.get(0));
+            } else if (!values.isEmpty()) {
+                // One request for the whole list, not one per element.
+                writeElements(Opcode.LIST_APPEND, Opcode.FLAG_ELEMENTS, values);
             }
         }
     }
@@ -113,16 +116,21 @@ public final class StatorListState<K, N, V> extends AbstractStatorState<K, N, Li
             for (V v : values) {
                 Preconditions.checkNotNull(v, "You cannot have a null element in a ListState.");
             }
-            beginKeyed();
-            int off = ch.mark();
-            for (V v : values) {
-                int lenAt = ch.mark();
-                ch.out.writeInt(0);
-                elementSerializer.serialize(v, ch.out);
-                ch.patchIntLE(lenAt, ch.mark() - lenAt - 4);
-            }
-            write(Opcode.LIST_REPLACE, RequestChannel.NONE, 0, off, ch.mark() - off);
+            writeElements(Opcode.LIST_REPLACE, 0, values);
         }
+    }
+
+    /** Writes {@code op} with {@code values} as an encoded element list ({@code u32 len | bytes}). */
+    private void writeElements(byte op, int flags, List<V> values) throws IOException {
+        beginKeyed();
+        int off = ch.mark();
+        for (V v : values) {
+            int lenAt = ch.mark();
+            ch.out.writeInt(0);
+            elementSerializer.serialize(v, ch.out);
+            ch.patchIntLE(lenAt, ch.mark() - lenAt - 4);
+        }
+        write(op, flags, RequestChannel.NONE, 0, off, ch.mark() - off);
     }
 
     /** The current list as encoded elements, copied out (null if empty). */
