@@ -17,6 +17,7 @@ public final class Statord implements AutoCloseable {
 
     private final Path dir;
     private final List<String> extraArgs;
+    private int memoryBudgetMib = 512;
     private Process process;
 
     public Statord(Path dir, String... extraArgs) {
@@ -31,6 +32,12 @@ public final class Statord implements AutoCloseable {
                     "no statord binary at -Dstator.statord=" + b + " (build it: cargo build --release -p statord)");
         }
         return b;
+    }
+
+    /** The daemon's memory budget (default 512 MiB); before {@link #start()}. */
+    public Statord memoryBudgetMib(int mib) {
+        this.memoryBudgetMib = mib;
+        return this;
     }
 
     public Path dataDir() {
@@ -59,7 +66,7 @@ public final class Statord implements AutoCloseable {
         cmd.add("--shards");
         cmd.add("1");
         cmd.add("--memory-budget-mib");
-        cmd.add("512");
+        cmd.add(Integer.toString(memoryBudgetMib));
         cmd.addAll(extraArgs);
         ProcessBuilder pb = new ProcessBuilder(cmd);
         pb.redirectErrorStream(true);
