@@ -31,7 +31,9 @@ import org.apache.flink.runtime.state.SnapshotExecutionType;
 import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.SnapshotStrategyRunner;
 import org.apache.flink.runtime.state.StateBackend;
+import org.apache.flink.queryablestate.client.state.serialization.KvStateSerializer;
 import org.apache.flink.runtime.state.VoidNamespace;
+import org.apache.flink.runtime.state.internal.InternalKvState;
 import org.apache.flink.runtime.state.VoidNamespaceSerializer;
 import org.apache.flink.runtime.state.hashmap.HashMapStateBackend;
 import org.apache.flink.runtime.state.memory.ByteStreamStateHandle;
@@ -362,6 +364,33 @@ class StatorRestoreTest {
         // The refused restore left the checkpoint as it was: the right key serializer restores it.
         CheckpointableKeyedStateBackend<Integer> b = backend(stator("job-keys"), ALL, List.of(h));
         assertThat(read(b)).isEqualTo(expected(ALL));
+        dispose(b);
+    }
+
+    @Test
+    @SuppressWarnings("unchecked")
+    void aQueryLeavesTheTasksKeyAlone() throws Exception {
+        CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-query"), ALL, List.of());
+        write(a);
+        KeyedStateHandle h = checkpoint(a, 1);
+        dispose(a);
+        // Restored: no current key yet. A queryable-state lookup (another thread, in Flink)
+        // reads key 3 and sets no current key.
+        CheckpointableKeyedStateBackend<Integer> b = backend(stator("job-query"), ALL, List.of(h));
+        InternalKvState<Integer, VoidNamespace, Long> v =
+                (InternalKvState<Integer, VoidNamespace, Long>)
+                        b.getPartitionedState(VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE, VALUE);
+        byte[] three =
+                KvStateSerializer.serializeKeyAndNamespace(
+                        3, IntSerializer.INSTANCE, VoidNamespace.INSTANCE, VoidNamespaceSerializer.INSTANCE);
+        byte[] got = v.getSerializedValue(three, IntSerializer.INSTANCE, VoidNamespaceSerializer.INSTANCE, LongSerializer.INSTANCE);
+        assertThat(KvStateSerializer.deserializeValue(got, LongSerializer.INSTANCE)).isEqualTo(21L);
+        assertThat(b.getCurrentKey()).isNull();
+        // With a current key set, a lookup of another key leaves it.
+        b.setCurrentKey(7);
+        v.getSerializedValue(three, IntSerializer.INSTANCE, VoidNamespaceSerializer.INSTANCE, LongSerializer.INSTANCE);
+        assertThat(b.getCurrentKey()).isEqualTo(7);
+        assertThat(((ValueState<Long>) v).value()).isEqualTo(49L);
         dispose(b);
     }
 }

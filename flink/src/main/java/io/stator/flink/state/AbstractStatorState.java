@@ -36,6 +36,14 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
     protected V defaultValue;
 
     private N currentNamespace;
+    /**
+     * A queryable-state lookup's key (serialized), key group and namespace while it runs (under
+     * the channel's lock): it never touches the backend's current key or the task's namespace,
+     * which the task thread may be changing meanwhile.
+     */
+    private DataOutputSerializer queryKey;
+    private int queryGroup;
+    private N queryNamespace;
     private Object serializedNamespaceOf;
     private final DataOutputSerializer namespaceBytes = new DataOutputSerializer(32);
 
@@ -86,8 +94,9 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
         this.currentNamespace = namespace;
     }
 
+    /** The namespace requests use: a query's while one runs, else the task's. */
     protected N currentNamespace() {
-        return currentNamespace;
+        return queryKey != null ? queryNamespace : currentNamespace;
     }
 
     /** Updates the serializers after a re-registration (a restored or re-declared state). */
@@ -104,7 +113,7 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
 
     /** Starts a request on the current key and namespace. */
     protected void beginKeyed() throws IOException {
-        beginKeyed(currentNamespace);
+        beginKeyed(currentNamespace());
     }
 
     /** Starts a request on the current key and {@code namespace}. */
@@ -114,7 +123,7 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
             namespaceSerializer.serialize(namespace, namespaceBytes);
             serializedNamespaceOf = namespace;
         }
-        DataOutputSerializer key = backend.currentKeyBytes();
+        DataOutputSerializer key = currentKey();
         ch.begin();
         keyOff = ch.mark();
         ch.out.write(key.getSharedBuffer(), 0, key.length());
@@ -124,8 +133,13 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
         nsLen = namespaceBytes.length();
     }
 
+    /** The serialized key requests use: a query's while one runs, else the backend's current key. */
+    protected DataOutputSerializer currentKey() throws IOException {
+        return queryKey != null ? queryKey : backend.currentKeyBytes();
+    }
+
     protected int keyGroup() {
-        return backend.getCurrentKeyGroupIndex();
+        return queryKey != null ? queryGroup : backend.getCurrentKeyGroupIndex();
     }
 
     /** Submits a write on the key part with an optional user key and value. */
@@ -150,7 +164,7 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
      * ch.resultLength()} bytes, until the next request.
      */
     protected <UK> int read(byte op, UK userKey, TypeSerializer<UK> userKeySerializer) throws IOException {
-        return read(op, currentNamespace, userKey, userKeySerializer, 0);
+        return read(op, currentNamespace(), userKey, userKeySerializer, 0);
     }
 
     protected <UK> int read(byte op, N namespace, UK userKey, TypeSerializer<UK> userKeySerializer, int flags)
@@ -256,19 +270,16 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
             var kn =
                     KvStateSerializer.deserializeKeyAndNamespace(
                             serializedKeyAndNamespace, safeKeySerializer, safeNamespaceSerializer);
-            K previousKey = backend.getCurrentKey();
-            int previousGroup = backend.getCurrentKeyGroupIndex();
-            N previousNamespace = currentNamespace;
+            DataOutputSerializer key = new DataOutputSerializer(32);
+            safeKeySerializer.serialize(kn.f0, key);
+            queryKey = key;
+            queryGroup = KeyGroupRangeAssignment.assignToKeyGroup(kn.f0, backend.getNumberOfKeyGroups());
+            queryNamespace = kn.f1;
             try {
-                backend.setCurrentKeyAndKeyGroup(
-                        kn.f0, KeyGroupRangeAssignment.assignToKeyGroup(kn.f0, backend.getNumberOfKeyGroups()));
-                currentNamespace = kn.f1;
                 return serializedValue(safeValueSerializer);
             } finally {
-                if (previousKey != null) {
-                    backend.setCurrentKeyAndKeyGroup(previousKey, previousGroup);
-                }
-                currentNamespace = previousNamespace;
+                queryKey = null;
+                queryNamespace = null;
             }
         }
     }

@@ -251,12 +251,11 @@ public final class StatorMapState<K, N, UK, UV> extends AbstractStatorState<K, N
         Pages(long mode) {
             this.mode = mode;
             try {
-                DataOutputSerializer k = backend.currentKeyBytes();
-                this.key = k.getCopyOfBuffer();
+                this.key = currentKey().getCopyOfBuffer();
             } catch (IOException e) {
                 throw new FlinkRuntimeException("serializing the current key failed", e);
             }
-            this.keyGroup = backend.getCurrentKeyGroupIndex();
+            this.keyGroup = keyGroup();
             this.namespace = currentNamespace();
         }
 
