@@ -14,6 +14,7 @@ import org.apache.flink.runtime.state.internal.InternalKvState;
 import org.apache.flink.util.FlinkRuntimeException;
 
 import java.io.IOException;
+import java.util.Collection;
 
 /**
  * What every Stator state shares: the current namespace, the request's key part (key group,
@@ -131,6 +132,46 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
         nsOff = ch.mark();
         ch.out.write(namespaceBytes.getSharedBuffer(), 0, namespaceBytes.length());
         nsLen = namespaceBytes.length();
+    }
+
+    /** Merges two values of a reducing or aggregating state. */
+    @FunctionalInterface
+    protected interface Merger<T> {
+        T merge(T a, T b) throws Exception;
+    }
+
+    /**
+     * {@code mergeNamespaces} of a reducing or aggregating state: folds the values of {@code
+     * sources} into {@code target} with {@code merger}, deleting the sources.
+     */
+    protected void mergeValues(N target, Collection<N> sources, Merger<V> merger) throws Exception {
+        synchronized (ch) {
+            if (sources == null || sources.isEmpty()) {
+                return;
+            }
+            N previous = currentNamespace();
+            try {
+                V merged = null;
+                for (N source : sources) {
+                    if (source == null) {
+                        continue;
+                    }
+                    setCurrentNamespace(source);
+                    V v = readValue();
+                    if (v != null) {
+                        writeKeyed(io.stator.flink.session.Opcode.DELETE);
+                        merged = merged == null ? v : merger.merge(merged, v);
+                    }
+                }
+                if (merged != null) {
+                    setCurrentNamespace(target);
+                    V t = readValue();
+                    writeValue(t == null ? merged : merger.merge(merged, t));
+                }
+            } finally {
+                setCurrentNamespace(previous);
+            }
+        }
     }
 
     /** The serialized key requests use: a query's while one runs, else the backend's current key. */

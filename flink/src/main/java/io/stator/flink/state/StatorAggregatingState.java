@@ -1,6 +1,5 @@
 package io.stator.flink.state;
 
-import io.stator.flink.session.Opcode;
 
 import org.apache.flink.api.common.functions.AggregateFunction;
 import org.apache.flink.api.common.typeutils.TypeSerializer;
@@ -72,32 +71,6 @@ public final class StatorAggregatingState<K, N, IN, ACC, OUT> extends AbstractSt
 
     @Override
     public void mergeNamespaces(N target, Collection<N> sources) throws Exception {
-        synchronized (ch) {
-            if (sources == null || sources.isEmpty()) {
-                return;
-            }
-            N previous = currentNamespace();
-            try {
-                ACC merged = null;
-                for (N source : sources) {
-                    if (source == null) {
-                        continue;
-                    }
-                    setCurrentNamespace(source);
-                    ACC a = readValue();
-                    if (a != null) {
-                        writeKeyed(Opcode.DELETE);
-                        merged = merged == null ? a : aggFunction.merge(merged, a);
-                    }
-                }
-                if (merged != null) {
-                    setCurrentNamespace(target);
-                    ACC t = readValue();
-                    writeValue(t == null ? merged : aggFunction.merge(merged, t));
-                }
-            } finally {
-                setCurrentNamespace(previous);
-            }
-        }
+        mergeValues(target, sources, aggFunction::merge);
     }
 }

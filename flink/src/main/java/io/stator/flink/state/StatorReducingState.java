@@ -1,6 +1,5 @@
 package io.stator.flink.state;
 
-import io.stator.flink.session.Opcode;
 
 import org.apache.flink.api.common.functions.ReduceFunction;
 import org.apache.flink.api.common.typeutils.TypeSerializer;
@@ -65,32 +64,6 @@ public final class StatorReducingState<K, N, V> extends AbstractStatorState<K, N
 
     @Override
     public void mergeNamespaces(N target, Collection<N> sources) throws Exception {
-        synchronized (ch) {
-            if (sources == null || sources.isEmpty()) {
-                return;
-            }
-            N previous = currentNamespace();
-            try {
-                V merged = null;
-                for (N source : sources) {
-                    if (source == null) {
-                        continue;
-                    }
-                    setCurrentNamespace(source);
-                    V v = readValue();
-                    if (v != null) {
-                        writeKeyed(Opcode.DELETE);
-                        merged = merged == null ? v : reduceFunction.reduce(merged, v);
-                    }
-                }
-                if (merged != null) {
-                    setCurrentNamespace(target);
-                    V t = readValue();
-                    writeValue(t == null ? merged : reduceFunction.reduce(merged, t));
-                }
-            } finally {
-                setCurrentNamespace(previous);
-            }
-        }
+        mergeValues(target, sources, reduceFunction::reduce);
     }
 }
