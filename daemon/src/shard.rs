@@ -717,6 +717,11 @@ impl Shard {
         if s.broken {
             return false;
         }
+        // Writes wait for a flush: no new request is taken (the client's
+        // queue fills; reads already taken finish).
+        if store.writes_stalled() {
+            return false;
+        }
         let sid = s.id;
         let (owner, job, operator) = (&s.owner, &s.job, &s.operator);
         let (kg_lo, kg_hi) = s.key_groups;
@@ -1097,6 +1102,9 @@ impl Shard {
     fn sleep(&mut self) {
         self.stats.sleeps += 1;
         let mut work = !self.rx.is_empty();
+        // Requests queued while writes are stalled are not work: the
+        // shard waits for its store (a flush step or its sort) instead.
+        let stalled = self.store.writes_stalled();
         for (_, s) in self.sessions.iter_mut() {
             if s.broken {
                 continue;
@@ -1117,7 +1125,7 @@ impl Shard {
                     Ok(sq_work && ring.cq.free_now()? > in_flight)
                 });
             match r {
-                Ok(w) => work |= w,
+                Ok(w) => work |= w && !stalled,
                 Err(_) => s.broken = true,
             }
         }

@@ -444,6 +444,8 @@ impl Gathered {
                         "segment_bytes": r.store.segment_bytes,
                         "flushes": r.store.flushes,
                         "compactions": r.store.compactions,
+                        "write_stalls": r.store.write_stalls,
+                        "write_stall_ms": r.store.write_stall_time.as_millis() as u64,
                         "block_reads": r.store.block_reads,
                         "cache_hits": r.store.cache_hits,
                         "cache_misses": r.store.cache_misses,
@@ -901,6 +903,18 @@ impl Collector for Gathered {
             "compactions",
             "Compactions completed",
             sum(&|r| r.store.compactions),
+        )?;
+        counter(
+            &mut e,
+            "write_stalls",
+            "Times a shard stopped taking requests because its memtables held two memtables' worth while a flush lagged",
+            sum(&|r| r.store.write_stalls),
+        )?;
+        gauge(
+            &mut e,
+            "write_stall_seconds",
+            "Seconds shards spent stalled for flushes (see write_stalls), in all",
+            sum(&|r| r.store.write_stall_time.as_millis() as u64) as f64 / 1000.0,
         )?;
         gauge(
             &mut e,

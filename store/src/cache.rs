@@ -120,6 +120,9 @@ struct Entry {
 /// Spare buffers kept at most (see [`BlockCache`]).
 pub const MAX_SPARE: usize = 8;
 
+/// Blocks evicted at most by one call (see [`BlockCache::set_budget`]).
+pub const EVICT_STEP: usize = 256;
+
 /// CLOCK cache of blocks. It also keeps the buffers of a few evicted
 /// blocks no one else holds, for the next blocks read from the local disk
 /// (a fresh page-aligned allocation, zeroed, costs more than the read's
@@ -199,14 +202,21 @@ impl BlockCache {
         let size = b.memory_bytes();
         // An evicted block's buffer may become a spare (its bytes move,
         // they are not freed); once MAX_SPARE are kept, evictions free.
+        // A cache far over a budget just lowered is trimmed in steps: the
+        // block is left out rather than evict more than a step for it.
+        let mut evicted = 0;
         while self.bytes() + size > self.budget {
             if self.map.is_empty() {
                 self.spare.clear();
                 self.spare_bytes = 0;
                 break;
             }
+            if evicted == EVICT_STEP {
+                return;
+            }
             let old = self.evict_one();
             self.recycle(old);
+            evicted += 1;
         }
         let e = Entry {
             key: (seg, block),
@@ -267,13 +277,28 @@ impl BlockCache {
         self.bytes + self.spare_bytes + self.lent
     }
 
+    /// Sets the budget. A smaller one is reached in steps of at most
+    /// [`EVICT_STEP`] blocks, this call's and each [`BlockCache::trim`]'s
+    /// after it: freeing hundreds of megabytes of blocks at once (a
+    /// memtable freeze takes the room its successor will fill) would stall
+    /// the caller's thread for milliseconds.
     pub fn set_budget(&mut self, budget: usize) {
         self.budget = budget;
         self.spare.clear();
         self.spare_bytes = 0;
-        while self.bytes() > self.budget && !self.map.is_empty() {
+        self.trim();
+    }
+
+    /// Evicts up to [`EVICT_STEP`] blocks while the cache is over its
+    /// budget; true if it still is.
+    pub fn trim(&mut self) -> bool {
+        for _ in 0..EVICT_STEP {
+            if self.bytes() <= self.budget || self.map.is_empty() {
+                return false;
+            }
             self.evict_one();
         }
+        self.bytes() > self.budget
     }
 
     /// A buffer of `len` bytes to read a block into: a spare one when it
@@ -372,6 +397,29 @@ mod tests {
         let mut buf = AlignedBuf::with_capacity(4096);
         b.finish_into(&mut buf);
         Rc::new(Block::parse(buf).unwrap())
+    }
+
+    #[test]
+    fn a_lower_budget_is_reached_in_bounded_steps() {
+        let size = block(0).memory_bytes();
+        let n = 4 * EVICT_STEP as u32;
+        let mut c = BlockCache::new(n as usize * size);
+        for i in 0..n {
+            c.insert(1, i, block(i));
+        }
+        assert_eq!(c.map.len(), n as usize);
+        c.set_budget(10 * size);
+        assert_eq!(c.map.len(), n as usize - EVICT_STEP, "one step evicted");
+        // Far over its budget, an insert leaves its block out rather than
+        // evict more than a step for it.
+        c.insert(2, 0, block(0));
+        assert!(c.peek_entry(2, 0).is_none());
+        assert_eq!(c.map.len(), n as usize - 2 * EVICT_STEP);
+        assert!(c.trim(), "still over");
+        assert!(!c.trim(), "within budget");
+        assert!(c.bytes() <= 10 * size && c.map.len() >= 8);
+        c.insert(2, 0, block(0));
+        assert!(c.peek_entry(2, 0).is_some(), "room once within budget");
     }
 
     /// A full cache keeps evicted blocks' buffers for the next reads (at

@@ -44,6 +44,7 @@ mod prefetch;
 pub mod remote;
 pub mod segment;
 pub mod snapshot;
+mod sorted;
 mod store;
 
 pub use error::StoreError;

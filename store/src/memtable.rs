@@ -11,7 +11,7 @@
 //! previous record of its key, and a read walks the chain. Map entries are
 //! also kept in an ordered set of their keys, so a map can be iterated and
 //! cleared without scanning the table. Order of records is only needed at
-//! flush, which sorts the live keys.
+//! flush, which sorts the live keys (`crate::sorted`).
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
@@ -216,13 +216,26 @@ impl Memtable {
         }
         let s = self.slots[i];
         if s > TOMB && tag_of(s) == tag_of(h) {
-            // The header and key, and the value's first lines (a record of
-            // a 100-byte value spans three): the caller copies it next.
-            let p = self.record_ptr((s & ADDR_MASK) - 2);
-            prefetch(p);
-            prefetch(p.wrapping_add(64));
-            prefetch(p.wrapping_add(128));
+            self.prefetch_record((s & ADDR_MASK) - 2);
         }
+    }
+
+    /// Starts loading the record at `addr`: its header and key, and the
+    /// value's first lines (a record of a 100-byte value spans three),
+    /// which the caller copies next.
+    #[inline]
+    pub fn prefetch_record(&self, addr: u64) {
+        let p = self.record_ptr(addr);
+        prefetch(p);
+        prefetch(p.wrapping_add(64));
+        prefetch(p.wrapping_add(128));
+    }
+
+    /// Starts loading the header and first key bytes of the record at
+    /// `addr`.
+    #[inline]
+    pub fn prefetch_key(&self, addr: u64) {
+        prefetch(self.record_ptr(addr));
     }
 
     /// Slot index of `key` (or `None`), by hash `h`.
@@ -395,13 +408,12 @@ impl Memtable {
         }
     }
 
-    /// Addresses of every live key's newest record, unsorted.
-    pub fn live_addrs(&self) -> Vec<u64> {
+    /// Addresses of every live key's newest record, in no order.
+    pub fn live_addrs(&self) -> impl Iterator<Item = u64> + '_ {
         self.slots
             .iter()
             .filter(|&&s| s > TOMB)
             .map(|&s| (s & ADDR_MASK) - 2)
-            .collect()
     }
 
     /// The key of the record at `addr`.

@@ -299,6 +299,8 @@ pub struct SegmentWriter {
     block: BlockBuilder,
     index: BlockIndex,
     hashes: Vec<u64>,
+    /// How many of `hashes` are in `filter` (see `fill_filter`).
+    filled: usize,
     records: u64,
     min_kg: u16,
     max_kg: u16,
@@ -360,6 +362,7 @@ impl SegmentWriter {
             block: BlockBuilder::default(),
             index: BlockIndex::default(),
             hashes: Vec::new(),
+            filled: 0,
             records: 0,
             min_kg: u16::MAX,
             max_kg: 0,
@@ -466,10 +469,8 @@ impl SegmentWriter {
         self.spare = Vec::new();
         self.flush_buf(io, 0);
         let data_len = self.offset;
-        let mut filter = Bloom::with_keys(self.hashes.len());
-        for h in &self.hashes {
-            filter.insert(*h);
-        }
+        self.fill_filter(usize::MAX);
+        let filter = self.filter.take().expect("fill_filter made the filter");
         let mut meta = Vec::new();
         filter.encode(&mut meta);
         let filter_len = meta.len() as u64;
@@ -589,6 +590,23 @@ impl SegmentWriter {
 
     pub fn records(&self) -> u64 {
         self.records
+    }
+
+    /// Puts up to `n` more of the keys added so far into the segment's
+    /// filter; true once all are in. Call it only after the last `add`:
+    /// the filter is sized by the records added. An owner that must not
+    /// stall (a shard thread) calls it in bounded steps before `finish`,
+    /// which otherwise inserts every key in one go (a random write per
+    /// key into a filter of megabytes).
+    pub fn fill_filter(&mut self, n: usize) -> bool {
+        let keys = self.hashes.len();
+        let filter = self.filter.get_or_insert_with(|| Bloom::with_keys(keys));
+        let end = self.filled.saturating_add(n).min(keys);
+        for &h in &self.hashes[self.filled..end] {
+            filter.insert(h);
+        }
+        self.filled = end;
+        end == keys
     }
 
     /// The open segment this writer produced (after its fsync).

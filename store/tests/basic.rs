@@ -347,3 +347,67 @@ fn a_flush_leaves_what_it_wrote_in_the_cache() {
     let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
     assert!(pending_gets(&mut s) > 0, "a reopened store reads from disk");
 }
+
+/// A memtable past the inline limit is sorted on a helper thread and
+/// written in time-bounded steps; every record comes back, before and
+/// after a reopen, in both I/O layers.
+#[test]
+fn a_large_flush_sorted_off_the_shard_keeps_every_record() {
+    fn check<I: Io>(mk: fn() -> I) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
+        cfg.memtable_bytes = Some(128 << 20);
+        // Steps small enough that the flush takes many of them.
+        cfg.work_per_poll = 97;
+        let (mut s, _) = Store::open(cfg.clone(), mk()).unwrap();
+        const N: u32 = 40_000;
+        let key = |i: u32| i.wrapping_mul(2_654_435_761).to_be_bytes();
+        let list = |i: u32| KeyRef {
+            key_group: (i % 61) as u16,
+            state: 2,
+            key: b"list",
+            namespace: b"",
+        };
+        for i in 0..N {
+            let kb = key(i);
+            run(&mut s, Op::Put(k((i % 61) as u16, &kb), &i.to_le_bytes())).unwrap();
+            if i % 7 == 0 {
+                run(&mut s, Op::Delete(k((i % 61) as u16, &kb))).unwrap();
+            }
+            if i < 61 * 3 {
+                run(&mut s, Op::ListAppend(list(i), &i.to_le_bytes())).unwrap();
+            }
+        }
+        assert_eq!(s.stats().flushes, 0, "one memtable holds it all");
+        s.flush();
+        s.settle();
+        assert_eq!(s.stats().flushes, 1);
+        let verify = |s: &mut Store<I>| {
+            for i in 0..N {
+                let kb = key(i);
+                let want = (i % 7 != 0).then(|| i.to_le_bytes().to_vec());
+                assert_eq!(
+                    run(s, Op::Get(k((i % 61) as u16, &kb))).unwrap(),
+                    Owned::Value(want),
+                    "key {i}"
+                );
+            }
+            for g in 0..61u32 {
+                let Owned::Value(Some(v)) = run(s, Op::ListGet(list(g))).unwrap() else {
+                    panic!("list of group {g} is gone");
+                };
+                let mut want = Vec::new();
+                for n in 0..3 {
+                    stator_store::ops::encode_element(&mut want, &(g + 61 * n).to_le_bytes());
+                }
+                assert_eq!(v, want, "list of group {g}");
+            }
+        };
+        verify(&mut s);
+        drop(s);
+        let (mut s, _) = Store::open(cfg, mk()).unwrap();
+        verify(&mut s);
+    }
+    check(|| SyncIo::new(false));
+    check(|| UringIo::new(256, true).unwrap());
+}

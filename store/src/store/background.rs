@@ -228,6 +228,7 @@ impl<I: Io> Store<I> {
             self.step_compaction();
         }
         self.step_checkpoints();
+        self.cache.trim();
         self.reap_retired();
         self.maybe_evict();
         if !self.kg_deletes.is_empty() && self.flush.is_none() && self.compact.is_none() {
@@ -285,7 +286,9 @@ impl<I: Io> Store<I> {
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
             && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| {
-                !j.syncing && j.writer.write_room()
+                // (Not while the sort runs elsewhere: the shard would spin
+                // on the core the sort needs.)
+                !j.syncing && matches!(j.order, FlushOrder::Sorted(..)) && j.writer.write_room()
             }) || self.checkpoint_runnable())
     }
 

@@ -155,9 +155,10 @@ impl<I: Io> Store<I> {
         let work = self.cfg.work_per_poll;
         let kg_deletes = self.kg_deletes.clone();
         let j = self.compact.as_mut().expect("compaction job");
-        for _ in 0..work {
+        let deadline = Instant::now() + self.cfg.background_slice;
+        for i in 0..work {
             // The disk has the writer's buffers: wait for it.
-            if !j.writer.write_room() {
+            if !j.writer.write_room() || out_of_time(i, deadline) {
                 return;
             }
             // Every unfinished input must have its current block loaded.
@@ -175,6 +176,11 @@ impl<I: Io> Store<I> {
                 }
             }
             let Some(min) = min else {
+                // The filter, in steps of the same bound (a random write
+                // per key).
+                if !j.writer.fill_filter(work * 4) {
+                    return;
+                }
                 j.writer.finish(&mut self.io);
                 j.syncing = true;
                 return self.maybe_sync_compaction();

@@ -1,6 +1,10 @@
-//! Flush: a frozen memtable sorted in bounded runs and merged into a segment.
+//! Flush: a frozen memtable sorted (on a helper thread when large, see
+//! `crate::sorted`) and written into a segment in time-bounded steps.
+
+use std::sync::mpsc::TryRecvError;
 
 use super::*;
+use crate::sorted;
 
 impl<I: Io> Store<I> {
     pub(super) fn start_flush(&mut self) {
@@ -27,16 +31,21 @@ impl<I: Io> Store<I> {
         // Every record is written, even those a mask hides: reads apply
         // masks by order, and a checkpoint taken before the mask was added
         // needs them; compaction drops them.
-        let unsorted: Vec<u64> = mem.live_addrs();
+        let order = if mem.len() <= sorted::INLINE_MAX_KEYS {
+            FlushOrder::Sorted(sorted::sorted_live(&mem), 0)
+        } else {
+            match sorted::sort_on_thread(&mem) {
+                Some(rx) => FlushOrder::Sorting(rx),
+                None => FlushOrder::Sorted(sorted::sorted_live(&mem), 0),
+            }
+        };
         // Nothing older exists: tombstones have nothing to hide.
         let bottom = self.segments.is_empty();
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         self.flush = Some(FlushJob {
             mem,
-            unsorted,
-            runs: Vec::new(),
-            cursors: Vec::new(),
+            order,
             writer,
             bottom,
             syncing: false,
@@ -71,37 +80,45 @@ impl<I: Io> Store<I> {
         if let Some(e) = j.writer.error.clone() {
             return self.abandon_flush(e);
         }
-        // Phase 1: sort runs of `work` keys, one run per step.
-        if !j.unsorted.is_empty() {
-            let n = j.unsorted.len().min(work * 8);
-            let mut run: Vec<u64> = j.unsorted.drain(j.unsorted.len() - n..).collect();
-            let mem = &j.mem;
-            run.sort_unstable_by(|a, b| mem.key_of(*a).cmp(mem.key_of(*b)));
-            j.runs.push(run);
-            j.cursors.push(0);
-            return;
-        }
-        // Phase 2: merge the runs into the writer, `work` records a step
-        // (waiting while the disk has the writer's buffers).
-        for _ in 0..work {
-            if !j.writer.write_room() {
+        // The sort runs on a helper thread (see `sorted`); the shard
+        // looks for its answer each step.
+        let (addrs, next) = match &mut j.order {
+            FlushOrder::Sorting(rx) => match rx.try_recv() {
+                Ok(addrs) => {
+                    j.order = FlushOrder::Sorted(addrs, 0);
+                    return;
+                }
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    return self.abandon_flush(StoreError::Invalid(
+                        "the flush's sort thread ended without an answer",
+                    ));
+                }
+            },
+            FlushOrder::Sorted(addrs, next) => (addrs, next),
+        };
+        // Write `work` records a step (waiting while the disk has the
+        // writer's buffers), each record's loads started a few ahead.
+        const AHEAD: usize = 8;
+        let deadline = Instant::now() + self.cfg.background_slice;
+        for i in 0..work {
+            if !j.writer.write_room() || out_of_time(i, deadline) {
                 return;
             }
-            let mut best: Option<usize> = None;
-            for (r, run) in j.runs.iter().enumerate() {
-                if let Some(&a) = run.get(j.cursors[r])
-                    && best.is_none_or(|b| j.mem.key_of(a) < j.mem.key_of(j.runs[b][j.cursors[b]]))
-                {
-                    best = Some(r);
+            let Some(&addr) = addrs.get(*next) else {
+                // Then the filter, in steps of the same bound (a random
+                // write per key).
+                if !j.writer.fill_filter(work * 4) {
+                    return;
                 }
-            }
-            let Some(r) = best else {
                 j.writer.finish(&mut self.io);
                 j.syncing = true;
                 return self.maybe_sync_flush();
             };
-            let addr = j.runs[r][j.cursors[r]];
-            j.cursors[r] += 1;
+            if let Some(&a) = addrs.get(*next + AHEAD) {
+                j.mem.prefetch_record(a);
+            }
+            *next += 1;
             j.scratch.clear();
             let mut kind = j.mem.resolve(addr, &mut j.scratch);
             if j.bottom {
@@ -148,7 +165,9 @@ impl<I: Io> Store<I> {
             .frozen
             .pop()
             .expect("the flushed memtable is the oldest frozen one");
-        debug_assert!(Rc::ptr_eq(&done, &j.mem));
+        debug_assert!(Arc::ptr_eq(&done, &j.mem));
+        drop(j.mem);
+        sorted::release(done);
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);
         self.export_layer_flushed(&seg);

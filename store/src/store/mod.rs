@@ -37,6 +37,7 @@ pub use tier::{TierConfig, TierStats};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slab::Slab;
@@ -71,6 +72,10 @@ pub struct StoreConfig {
     pub compaction_trigger: usize,
     /// Records a flush or compaction processes per `poll` at most.
     pub work_per_poll: usize,
+    /// Time a flush or compaction spends per `poll` at most (each checks
+    /// it every few dozen records): the shard's requests wait while a
+    /// step runs, so a step must stay far below their latency target.
+    pub background_slice: Duration,
     /// Local block reads finished per `poll` at most: this many, or an
     /// eighth of the block reads in flight if that is more; the rest wait
     /// for the next poll. A finished read's slot in the device stays empty
@@ -100,6 +105,7 @@ impl StoreConfig {
             direct_io: true,
             compaction_trigger: 4,
             work_per_poll: 2048,
+            background_slice: Duration::from_micros(200),
             disk_reads_per_poll: 8,
             retry_delay: Duration::from_millis(500),
             block_cache_max: None,
@@ -169,6 +175,10 @@ pub struct StoreStats {
     pub background_failures: u64,
     /// The remote tier's, when there is one.
     pub remote: Option<TierStats>,
+    /// Times writes stalled behind flushes, and for how long in all
+    /// (see [`Store::writes_stalled`]).
+    pub write_stalls: u64,
+    pub write_stall_time: Duration,
 }
 
 /// What reopening a directory found.
@@ -304,10 +314,8 @@ enum Immediate {
 }
 
 struct FlushJob {
-    mem: Rc<Memtable>,
-    unsorted: Vec<u64>,
-    runs: Vec<Vec<u64>>,
-    cursors: Vec<usize>,
+    mem: Arc<Memtable>,
+    order: FlushOrder,
     writer: SegmentWriter,
     bottom: bool,
     /// All records added; waiting for writes, then for the fsyncs.
@@ -319,6 +327,14 @@ struct FlushJob {
     /// The segment's id, taken at the start: its blocks enter the block
     /// cache under it as they are written.
     id: u64,
+}
+
+/// The records a flush writes, in key order.
+enum FlushOrder {
+    /// Being sorted on a helper thread.
+    Sorting(std::sync::mpsc::Receiver<Vec<u64>>),
+    /// Sorted; the records from the index on are still to be written.
+    Sorted(Vec<u64>, usize),
 }
 
 struct CompactJob {
@@ -351,7 +367,7 @@ pub struct Store<I: Io> {
     io: I,
     active: Memtable,
     /// Newest first, each with the order its segment will get.
-    frozen: Vec<(u64, Rc<Memtable>)>,
+    frozen: Vec<(u64, Arc<Memtable>)>,
     /// Newest first.
     segments: Vec<Rc<Segment>>,
     retired: Vec<Rc<Segment>>,
@@ -383,6 +399,8 @@ pub struct Store<I: Io> {
     next_order: u64,
     next_segment_id: u64,
     retry_at: Option<Instant>,
+    /// Since when writes have been stalled (see `writes_stalled`).
+    stalled_since: Option<Instant>,
     stats: StoreStats,
     completions: Vec<IoCompletion>,
     /// Holds what an immediate `Output` borrows.
@@ -765,6 +783,7 @@ impl<I: Io> Store<I> {
             next_order,
             next_segment_id: next_id,
             retry_at: None,
+            stalled_since: None,
             stats: StoreStats::default(),
             completions: Vec::new(),
             scratch: Vec::new(),
@@ -857,8 +876,36 @@ impl<I: Io> Store<I> {
     /// (as built, and as encoded by `finish`).
     fn background_bytes(&self) -> usize {
         let writer = (segment::MAX_WRITES_IN_FLIGHT + 2) * (segment::WRITE_CHUNK + 64 * 1024);
-        let flush = self.flush.as_ref().map_or(0, |j| writer + j.mem.len() * 24);
+        let flush = self
+            .flush
+            .as_ref()
+            .map_or(0, |j| writer + j.mem.len() * crate::sorted::BYTES_PER_KEY);
         flush + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
+    }
+
+    /// Whether writes should wait for a flush: the memtables hold two
+    /// memtables' worth (one flushing, one filled after it), which is all
+    /// the memory budget plans for them. The store itself never refuses a
+    /// write for this; its caller stops taking requests while it holds
+    /// (a client then sees its queue fill) and keeps polling, so the
+    /// flush, which stays off the caller's thread where it can, catches
+    /// up. Each stall is counted and timed in [`StoreStats`].
+    pub fn writes_stalled(&mut self) -> bool {
+        let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
+        let stalled =
+            frozen > 0 && frozen + self.active.log_bytes() >= 2 * self.cfg.memtable_bytes();
+        match (stalled, self.stalled_since) {
+            (true, None) => {
+                self.stalled_since = Some(Instant::now());
+                self.stats.write_stalls += 1;
+            }
+            (false, Some(t)) => {
+                self.stats.write_stall_time += t.elapsed();
+                self.stalled_since = None;
+            }
+            _ => {}
+        }
+        stalled
     }
 
     /// Counters.
@@ -871,6 +918,9 @@ impl<I: Io> Store<I> {
         s.pending_reads = self.reads.len() + self.iters.len();
         (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
         s.remote = self.tier.as_ref().map(|t| t.stats());
+        if let Some(t) = self.stalled_since {
+            s.write_stall_time += t.elapsed();
+        }
         s
     }
 
@@ -945,6 +995,12 @@ impl BlockCache {
 /// on average (growing the index rehashes it, a stall on the write path),
 /// capped at 4 M entries (64 MiB of slots) beyond which it doubles as it
 /// fills.
+/// Whether a background step that has done `i` records is past its
+/// `deadline` (the clock is read every 32 records).
+fn out_of_time(i: usize, deadline: Instant) -> bool {
+    i % 32 == 31 && Instant::now() >= deadline
+}
+
 /// Whether a compaction output `by` merged a layer of `generation` that
 /// held orders `min_order..=order` (FORMAT.md §9).
 fn supersedes(by: &format::Footer, generation: u32, min_order: u64, order: u64) -> bool {

@@ -198,7 +198,7 @@ impl<I: Io> Store<I> {
         self.io.prefault(addr, len);
         let order = self.next_order;
         self.next_order += 1;
-        self.frozen.insert(0, (order, Rc::new(m)));
+        self.frozen.insert(0, (order, Arc::new(m)));
         self.rebalance_cache();
     }
 
