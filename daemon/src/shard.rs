@@ -514,6 +514,7 @@ impl Shard {
             self.publish();
             if progress {
                 idle_since = None;
+                self.yield_to_flush();
                 // A busy loop reads the clock for its report only now and
                 // then (a pass is a few microseconds at depth 1).
                 if beat.is_multiple_of(64) {
@@ -529,6 +530,20 @@ impl Shard {
             }
             self.sleep();
             idle_since = None;
+        }
+    }
+
+    /// While a flush falls behind and its sort runs on a helper thread,
+    /// sleeps after a busy pass, longer as writes run out of room: on a
+    /// host whose cores the shard and its clients fill, the helper would
+    /// otherwise run only in their gaps, and writes would stop at once
+    /// when the room is gone (for as long as a whole flush) instead of
+    /// slowing down smoothly before.
+    fn yield_to_flush(&mut self) {
+        const MAX_YIELD: Duration = Duration::from_millis(1);
+        let headroom = self.store.write_headroom();
+        if headroom < 1.0 && self.store.flush_sorting() {
+            std::thread::sleep(MAX_YIELD.mul_f64(1.0 - headroom));
         }
     }
 
@@ -717,9 +732,11 @@ impl Shard {
         if s.broken {
             return false;
         }
-        // Writes wait for a flush: no new request is taken (the client's
-        // queue fills; reads already taken finish).
-        if store.writes_stalled() {
+        // While a flush is behind, requests are taken in proportion to
+        // the room writes have left, and none when there is none (the
+        // client's queue fills; reads already taken finish).
+        let headroom = store.write_headroom();
+        if headroom <= 0.0 {
             return false;
         }
         let sid = s.id;
@@ -757,7 +774,8 @@ impl Shard {
                 }
                 let room = ring.cq.free_now()?.saturating_sub(*in_flight);
                 let room = room.min(max_in_flight.saturating_sub(*in_flight));
-                let n = avail.min(room).min(*batch);
+                let admit = ((*batch as f64 * headroom).ceil() as u32).max(1);
+                let n = avail.min(room).min(admit);
                 *cq_blocked = n == 0;
                 if n == 0 {
                     return Ok(false);
@@ -1104,7 +1122,7 @@ impl Shard {
         let mut work = !self.rx.is_empty();
         // Requests queued while writes are stalled are not work: the
         // shard waits for its store (a flush step or its sort) instead.
-        let stalled = self.store.writes_stalled();
+        let stalled = self.store.write_headroom() <= 0.0;
         for (_, s) in self.sessions.iter_mut() {
             if s.broken {
                 continue;

@@ -21,7 +21,7 @@ use crate::hugemem::HugeArray;
 use crate::prefetch::line as prefetch;
 
 /// Log chunk size: one huge page each (see `hugemem`).
-const CHUNK: usize = 2 << 20;
+pub(crate) const CHUNK: usize = 2 << 20;
 const CHUNK_BITS: u32 = 21;
 /// `u8 kind | u8 0 | u16 key_len | u32 value_len | u64 prev (addr+1 or 0)`.
 const REC_HEADER: usize = 16;
@@ -52,7 +52,7 @@ pub struct Memtable {
     log_bytes: usize,
     map_keys: BTreeSet<Box<[u8]>>,
     map_key_bytes: usize,
-    /// The next log chunks, mapped ahead (see [`Memtable::spare_to_prefault`]).
+    /// The next log chunks, mapped ahead (see [`Memtable::keep_spares`]).
     spares: std::collections::VecDeque<HugeArray<u8>>,
 }
 
@@ -64,11 +64,24 @@ fn tag_of(h: u64) -> u64 {
 impl Memtable {
     /// A memtable whose index starts with room for `entries` keys.
     pub fn new(entries: usize) -> Memtable {
-        let cap = (entries.max(1024) * 2).next_power_of_two();
+        Self::with_index(entries, None)
+    }
+
+    /// Slots of the index of a memtable made for `entries` keys.
+    pub fn index_len(entries: usize) -> usize {
+        (entries.max(1024) * 2).next_power_of_two()
+    }
+
+    /// As [`Memtable::new`], on `index` (zeroed) if it has the size this
+    /// memtable's index needs (see [`crate::reuse`]).
+    pub fn with_index(entries: usize, index: Option<HugeArray<u64>>) -> Memtable {
+        let cap = Self::index_len(entries);
         Memtable {
             chunks: Vec::new(),
             tail: CHUNK,
-            slots: HugeArray::zeroed(cap),
+            slots: index
+                .filter(|i| i.len() == cap)
+                .unwrap_or_else(|| HugeArray::zeroed(cap)),
             mask: cap - 1,
             occupied: 0,
             live: 0,
@@ -88,18 +101,38 @@ impl Memtable {
         self.live == 0
     }
 
-    /// Keeps the next two log chunks mapped ahead and returns the range
-    /// of a new one, for the caller to have faulted in off its thread
+    /// Keeps the next two log chunks ready ahead: one `recycled` gives
+    /// (a flushed memtable's, already faulted in), else a new one, whose
+    /// range it returns for the caller to have faulted in off its thread
     /// ([`crate::io::Io::prefault`]) while earlier chunks fill: a write
     /// then rarely waits for a fresh page.
-    pub fn spare_to_prefault(&mut self) -> Option<(usize, usize)> {
+    pub fn keep_spares(
+        &mut self,
+        recycled: impl FnOnce() -> Option<HugeArray<u8>>,
+    ) -> Option<(usize, usize)> {
         const AHEAD: usize = 2;
         if self.spares.len() >= AHEAD {
+            return None;
+        }
+        if let Some(c) = recycled() {
+            self.spares.push_back(c);
             return None;
         }
         self.spares.push_back(HugeArray::zeroed(CHUNK));
         let c = self.spares.back().expect("just pushed");
         Some((c.as_ptr() as usize, c.len()))
+    }
+
+    /// The log chunks (spares included) and the index, for reuse.
+    pub(crate) fn into_memory(self) -> (Vec<HugeArray<u8>>, HugeArray<u64>) {
+        let Memtable {
+            mut chunks,
+            spares,
+            slots,
+            ..
+        } = self;
+        chunks.extend(spares);
+        (chunks, slots)
     }
 
     /// The index's memory range (to prefault a new memtable's index).

@@ -74,49 +74,16 @@ pub fn sorted_live(mem: &Memtable) -> Vec<u64> {
     entries.into_iter().map(|e| e.addr).collect()
 }
 
-/// Sorts `mem` on a new thread; its answer arrives on the receiver.
+/// Sorts `mem` on a helper thread; its answer arrives on the receiver.
 /// `None` if no thread could be started (the caller sorts inline).
 pub fn sort_on_thread(mem: &Arc<Memtable>) -> Option<Receiver<Vec<u64>>> {
     let (tx, rx) = sync_channel(1);
     let mem = mem.clone();
-    std::thread::Builder::new()
-        .name("stator-flush-sort".into())
-        .spawn(move || {
-            background_priority();
-            // The flush may have been abandoned: then nobody listens.
-            let _ = tx.send(sorted_live(&mem));
-        })
-        .ok()
-        .map(|_| rx)
-}
-
-/// Drops `mem` on a new thread when this is its last reference and it is
-/// large: unmapping hundreds of megabytes takes milliseconds that the
-/// caller (a shard thread) must not spend. Inline otherwise, or when no
-/// thread can be started.
-pub fn release(mem: Arc<Memtable>) {
-    const LARGE: usize = 8 << 20;
-    if Arc::strong_count(&mem) > 1 || mem.memory_bytes() < LARGE {
-        return;
-    }
-    let _ = std::thread::Builder::new()
-        .name("stator-release".into())
-        .spawn(move || {
-            background_priority();
-            drop(mem)
-        });
-}
-
-/// Lowers the calling thread's priority (nice 19): on a host whose cores
-/// are all busy serving requests, a helper that competes with them as an
-/// equal takes whole scheduler ticks (4 ms) from a shard at a time; at
-/// nice 19 it runs mostly in the gaps. A failure leaves it as it was.
-fn background_priority() {
-    // SAFETY: setpriority touches no memory of ours; on Linux, with
-    // PRIO_PROCESS and 0, it sets the calling thread's nice value.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
-    }
+    crate::helper::spawn("stator-flush-sort", move || {
+        // The flush may have been abandoned: then nobody listens.
+        let _ = tx.send(sorted_live(&mem));
+    })
+    .then_some(rx)
 }
 
 #[cfg(test)]

@@ -411,3 +411,50 @@ fn a_large_flush_sorted_off_the_shard_keeps_every_record() {
     check(|| SyncIo::new(false));
     check(|| UringIo::new(256, true).unwrap());
 }
+
+/// While a flush lags, the room writes have left falls as the next
+/// memtable fills, reaches nothing at two memtables' worth (a stall,
+/// counted and timed), and comes back once the flushes land.
+#[test]
+fn writes_run_out_of_room_while_a_flush_lags_and_get_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(1 << 20);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    assert_eq!(s.write_headroom(), 1.0);
+    let value = [7u8; 100];
+    let mut i = 0u32;
+    // `write_batch` does not poll: nothing flushes meanwhile.
+    let mut put = |s: &mut Store<SyncIo>| {
+        let key = i.to_be_bytes();
+        i += 1;
+        s.write_batch(&[Op::Put(k(1, &key), &value)]).unwrap();
+    };
+    // The room is whole until the first memtable froze and the next one
+    // took a write.
+    while s.write_headroom() == 1.0 {
+        put(&mut s);
+    }
+    let mut last = s.write_headroom();
+    let mut steps = 0;
+    loop {
+        put(&mut s);
+        let h = s.write_headroom();
+        assert!(h <= last, "the room only shrinks while nothing flushes");
+        if h < last {
+            steps += 1;
+        }
+        last = h;
+        if h == 0.0 {
+            break;
+        }
+    }
+    assert!(steps > 100, "it fell in small steps ({steps}), not at once");
+    assert_eq!(s.stats().write_stalls, 1);
+    s.settle();
+    assert_eq!(s.write_headroom(), 1.0);
+    let st = s.stats();
+    assert_eq!(st.write_stalls, 1);
+    assert!(st.write_stall_time > std::time::Duration::ZERO);
+    assert!(st.flushes >= 1);
+}

@@ -154,8 +154,8 @@ impl<I: Io> Store<I> {
         self.issue_compact_reads();
         let work = self.cfg.work_per_poll;
         let kg_deletes = self.kg_deletes.clone();
+        let deadline = self.step_deadline();
         let j = self.compact.as_mut().expect("compaction job");
-        let deadline = Instant::now() + self.cfg.background_slice;
         for i in 0..work {
             // The disk has the writer's buffers: wait for it.
             if !j.writer.write_room() || out_of_time(i, deadline) {

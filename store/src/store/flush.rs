@@ -73,6 +73,7 @@ impl<I: Io> Store<I> {
 
     fn step_flush_records(&mut self) {
         let work = self.cfg.work_per_poll;
+        let deadline = self.step_deadline();
         let j = self.flush.as_mut().expect("called with a flush job");
         if j.syncing {
             return self.maybe_sync_flush();
@@ -100,7 +101,6 @@ impl<I: Io> Store<I> {
         // Write `work` records a step (waiting while the disk has the
         // writer's buffers), each record's loads started a few ahead.
         const AHEAD: usize = 8;
-        let deadline = Instant::now() + self.cfg.background_slice;
         for i in 0..work {
             if !j.writer.write_room() || out_of_time(i, deadline) {
                 return;
@@ -167,7 +167,7 @@ impl<I: Io> Store<I> {
             .expect("the flushed memtable is the oldest frozen one");
         debug_assert!(Arc::ptr_eq(&done, &j.mem));
         drop(j.mem);
-        sorted::release(done);
+        crate::reuse::release(done, &self.reuse);
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);
         self.export_layer_flushed(&seg);

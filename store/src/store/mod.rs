@@ -75,6 +75,8 @@ pub struct StoreConfig {
     /// Time a flush or compaction spends per `poll` at most (each checks
     /// it every few dozen records): the shard's requests wait while a
     /// step runs, so a step must stay far below their latency target.
+    /// Up to five times this while writes run out of room (see
+    /// [`Store::write_headroom`]).
     pub background_slice: Duration,
     /// Local block reads finished per `poll` at most: this many, or an
     /// eighth of the block reads in flight if that is more; the rest wait
@@ -176,7 +178,7 @@ pub struct StoreStats {
     /// The remote tier's, when there is one.
     pub remote: Option<TierStats>,
     /// Times writes stalled behind flushes, and for how long in all
-    /// (see [`Store::writes_stalled`]).
+    /// (see [`Store::write_headroom`]).
     pub write_stalls: u64,
     pub write_stall_time: Duration,
 }
@@ -399,7 +401,9 @@ pub struct Store<I: Io> {
     next_order: u64,
     next_segment_id: u64,
     retry_at: Option<Instant>,
-    /// Since when writes have been stalled (see `writes_stalled`).
+    /// Flushed memtables' memory, for the next memtables.
+    reuse: Arc<crate::reuse::Reuse>,
+    /// Since when writes have been stalled (see `write_headroom`).
     stalled_since: Option<Instant>,
     stats: StoreStats,
     completions: Vec<IoCompletion>,
@@ -755,6 +759,7 @@ impl<I: Io> Store<I> {
                 .unwrap_or(0),
         );
         let memtable_entries = initial_entries(&cfg);
+        let reuse = Arc::new(crate::reuse::Reuse::new(cfg.memtable_bytes()));
         let mut store = Store {
             cache: BlockCache::new(cfg.memory_budget / 2),
             active: Memtable::new(memtable_entries),
@@ -784,6 +789,7 @@ impl<I: Io> Store<I> {
             next_segment_id: next_id,
             retry_at: None,
             stalled_since: None,
+            reuse,
             stats: StoreStats::default(),
             completions: Vec::new(),
             scratch: Vec::new(),
@@ -855,6 +861,7 @@ impl<I: Io> Store<I> {
     pub fn memory(&self) -> MemoryUsage {
         MemoryUsage {
             memtables: self.active.memory_bytes()
+                + self.reuse.bytes()
                 + self
                     .frozen
                     .iter()
@@ -883,18 +890,19 @@ impl<I: Io> Store<I> {
         flush + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
     }
 
-    /// Whether writes should wait for a flush: the memtables hold two
-    /// memtables' worth (one flushing, one filled after it), which is all
-    /// the memory budget plans for them. The store itself never refuses a
-    /// write for this; its caller stops taking requests while it holds
-    /// (a client then sees its queue fill) and keeps polling, so the
-    /// flush, which stays off the caller's thread where it can, catches
-    /// up. Each stall is counted and timed in [`StoreStats`].
-    pub fn writes_stalled(&mut self) -> bool {
-        let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
-        let stalled =
-            frozen > 0 && frozen + self.active.log_bytes() >= 2 * self.cfg.memtable_bytes();
-        match (stalled, self.stalled_since) {
+    /// How much room writes have left before they must wait for a flush:
+    /// 1.0 while no flush is behind, falling to 0.0 as the memtables
+    /// approach two memtables' worth (one flushing, one filled after
+    /// it), which is all the memory budget plans for them. The store never
+    /// refuses a write for this. Its caller takes requests in proportion
+    /// (a client then sees its queue fill a little at a time) and none at
+    /// 0.0, and keeps polling, so the flush, off the caller's thread where
+    /// it can be, catches up: writes slow down smoothly instead of
+    /// stopping at once. Each stop (0.0) is counted and timed in
+    /// [`StoreStats`].
+    pub fn write_headroom(&mut self) -> f64 {
+        let headroom = self.headroom();
+        match (headroom == 0.0, self.stalled_since) {
             (true, None) => {
                 self.stalled_since = Some(Instant::now());
                 self.stats.write_stalls += 1;
@@ -905,7 +913,35 @@ impl<I: Io> Store<I> {
             }
             _ => {}
         }
-        stalled
+        headroom
+    }
+
+    /// See [`Store::write_headroom`] (without counting stalls).
+    fn headroom(&self) -> f64 {
+        let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
+        if frozen == 0 {
+            return 1.0;
+        }
+        let m = self.cfg.memtable_bytes().max(1);
+        let used = frozen + self.active.log_bytes();
+        ((2 * m).saturating_sub(used) as f64 / m as f64).min(1.0)
+    }
+
+    /// When a flush or compaction step must end: `background_slice` from
+    /// now, up to five times that as writes run out of room (a flush that
+    /// falls behind gets more of the shard).
+    fn step_deadline(&self) -> Instant {
+        let stretch = 1.0 + 4.0 * (1.0 - self.headroom());
+        Instant::now() + self.cfg.background_slice.mul_f64(stretch)
+    }
+
+    /// Whether the flush in progress waits for its sort on a helper
+    /// thread (see `crate::sorted`): a caller that can spare time lets
+    /// that thread have the core.
+    pub fn flush_sorting(&self) -> bool {
+        self.flush
+            .as_ref()
+            .is_some_and(|j| matches!(j.order, FlushOrder::Sorting(_)))
     }
 
     /// Counters.

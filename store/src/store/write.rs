@@ -174,7 +174,8 @@ impl<I: Io> Store<I> {
         if self.active.log_bytes() >= self.cfg.memtable_bytes() {
             self.freeze();
         }
-        if let Some((addr, len)) = self.active.spare_to_prefault() {
+        let reuse = &self.reuse;
+        if let Some((addr, len)) = self.active.keep_spares(|| reuse.take_chunk()) {
             self.io.prefault(addr, len);
         }
     }
@@ -193,9 +194,13 @@ impl<I: Io> Store<I> {
         } else {
             (self.active.len() * 2).max(1 << 14).min(full)
         };
-        let m = std::mem::replace(&mut self.active, Memtable::new(entries));
-        let (addr, len) = self.active.index_range();
-        self.io.prefault(addr, len);
+        let index = self.reuse.take_index(Memtable::index_len(entries));
+        let fresh = index.is_none();
+        let m = std::mem::replace(&mut self.active, Memtable::with_index(entries, index));
+        if fresh {
+            let (addr, len) = self.active.index_range();
+            self.io.prefault(addr, len);
+        }
         let order = self.next_order;
         self.next_order += 1;
         self.frozen.insert(0, (order, Arc::new(m)));

@@ -1,0 +1,136 @@
+//! The memory of flushed memtables, kept for the next ones.
+//!
+//! A memtable's log chunks and index are anonymous memory. Mapped fresh
+//! for every memtable, each page is zeroed and faulted in again: under
+//! sustained puts (`stator-bench serve --put-percent 100`) the io_uring
+//! worker that prefaults new chunks took a third of statord's CPU, a
+//! third runnable thread on cores the shard and its clients already
+//! fill. A flushed memtable's chunks hold nothing anyone reads again
+//! (a log is read only where it was written), so they go to the next
+//! memtables as they are; its index is cleared by the thread that
+//! releases it, off the request path.
+//!
+//! At most one memtable's worth is kept, and it counts as memtable memory
+//! ([`Reuse::bytes`]): the memory budget plans for two memtables, one
+//! flushing and one filling, and the filling one draws from here.
+
+use std::sync::{Arc, Mutex};
+
+use crate::hugemem::HugeArray;
+use crate::memtable::{CHUNK, Memtable};
+
+/// Memory of flushed memtables (shared with the thread that releases
+/// them).
+pub struct Reuse {
+    chunks: Mutex<Vec<HugeArray<u8>>>,
+    index: Mutex<Option<HugeArray<u64>>>,
+    max_chunks: usize,
+}
+
+impl Reuse {
+    /// Keeps up to `max_bytes` of log chunks, and one index.
+    pub fn new(max_bytes: usize) -> Reuse {
+        Reuse {
+            chunks: Mutex::new(Vec::new()),
+            index: Mutex::new(None),
+            max_chunks: max_bytes / CHUNK,
+        }
+    }
+
+    /// A log chunk, faulted in and ready to append to.
+    pub fn take_chunk(&self) -> Option<HugeArray<u8>> {
+        lock(&self.chunks).pop()
+    }
+
+    /// A zeroed index of exactly `len` slots.
+    pub fn take_index(&self, len: usize) -> Option<HugeArray<u64>> {
+        let mut ix = lock(&self.index);
+        if ix.as_ref().is_some_and(|i| i.len() == len) {
+            ix.take()
+        } else {
+            None
+        }
+    }
+
+    /// Takes `m`'s memory for later memtables (what does not fit is
+    /// unmapped). Clears its index: call it off the request path.
+    pub fn recycle(&self, m: Memtable) {
+        let (chunks, mut index) = m.into_memory();
+        {
+            let mut kept = lock(&self.chunks);
+            for c in chunks {
+                if c.len() == CHUNK && kept.len() < self.max_chunks {
+                    kept.push(c);
+                }
+            }
+        }
+        index.fill(0);
+        let mut ix = lock(&self.index);
+        if ix.as_ref().is_none_or(|i| i.len() <= index.len()) {
+            *ix = Some(index);
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        lock(&self.chunks).len() * CHUNK + lock(&self.index).as_ref().map_or(0, |i| i.len() * 8)
+    }
+}
+
+/// Hands a flushed memtable's memory to `reuse` on a helper thread
+/// (clearing a large index, or unmapping what is not kept, takes
+/// milliseconds a shard must not spend), or drops it here when no thread
+/// can be started. Another holder of `mem` (an export reading it) keeps
+/// it alive, and it is simply dropped.
+pub fn release(mem: Arc<Memtable>, reuse: &Arc<Reuse>) {
+    let reuse = reuse.clone();
+    // If no thread starts, the closure, and the memtable with it, is
+    // dropped here.
+    let _ = crate::helper::spawn("stator-release", move || {
+        if let Ok(m) = Arc::try_unwrap(mem) {
+            reuse.recycle(m);
+        }
+    });
+}
+
+/// A poisoned lock only means a releasing thread panicked mid-push: the
+/// vector is still whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bloom::hash;
+    use crate::format::Kind;
+
+    #[test]
+    fn a_recycled_memtables_memory_serves_the_next_one() {
+        let r = Reuse::new(4 * CHUNK);
+        let mut m = Memtable::new(1 << 12);
+        for i in 0u32..200_000 {
+            let k = i.to_be_bytes();
+            m.write(Kind::Put, &k, hash(&k), &[7; 40]);
+        }
+        let index_len = m.index_range().1 / 8;
+        r.recycle(m);
+        assert_eq!(r.bytes(), 4 * CHUNK + index_len * 8, "capped at 4 chunks");
+        let ix = r.take_index(index_len).expect("the index is kept");
+        assert!(ix.iter().all(|&s| s == 0), "and cleared");
+        let mut n = Memtable::with_index(1 << 12, Some(ix));
+        // Two spares ahead, both from the pool: nothing to prefault.
+        for _ in 0..3 {
+            assert_eq!(n.keep_spares(|| r.take_chunk()), None);
+        }
+        assert_eq!(r.bytes(), 2 * CHUNK);
+        for i in 0u32..100_000 {
+            let k = i.to_be_bytes();
+            n.write(Kind::Put, &k, hash(&k), &i.to_le_bytes());
+        }
+        for i in (0u32..100_000).step_by(997) {
+            let k = i.to_be_bytes();
+            assert_eq!(n.lookup(&k, hash(&k)).unwrap().value, i.to_le_bytes());
+        }
+    }
+}
