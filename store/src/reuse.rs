@@ -14,6 +14,7 @@
 //! ([`Reuse::bytes`]): the memory budget plans for two memtables, one
 //! flushing and one filling, and the filling one draws from here.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::hugemem::HugeArray;
@@ -25,6 +26,10 @@ pub struct Reuse {
     chunks: Mutex<Vec<HugeArray<u8>>>,
     index: Mutex<Option<HugeArray<u64>>>,
     max_chunks: usize,
+    /// Bytes of memtables on their way here (see `release`): counted from
+    /// the moment the shard lets go of them, so that the budget the shard
+    /// sets its cache to right after a flush already leaves their room.
+    incoming: AtomicUsize,
 }
 
 impl Reuse {
@@ -34,6 +39,7 @@ impl Reuse {
             chunks: Mutex::new(Vec::new()),
             index: Mutex::new(None),
             max_chunks: max_bytes / CHUNK,
+            incoming: AtomicUsize::new(0),
         }
     }
 
@@ -71,9 +77,11 @@ impl Reuse {
         }
     }
 
-    /// Bytes held.
+    /// Bytes held, and on their way here.
     pub fn bytes(&self) -> usize {
-        lock(&self.chunks).len() * CHUNK + lock(&self.index).as_ref().map_or(0, |i| i.len() * 8)
+        lock(&self.chunks).len() * CHUNK
+            + lock(&self.index).as_ref().map_or(0, |i| i.len() * 8)
+            + self.incoming.load(Ordering::Relaxed)
     }
 }
 
@@ -83,14 +91,31 @@ impl Reuse {
 /// can be started. Another holder of `mem` (an export reading it) keeps
 /// it alive, and it is simply dropped.
 pub fn release(mem: Arc<Memtable>, reuse: &Arc<Reuse>) {
-    let reuse = reuse.clone();
+    let incoming = Incoming::new(reuse, mem.memory_bytes());
     // If no thread starts, the closure, and the memtable with it, is
     // dropped here.
     let _ = crate::helper::spawn("stator-release", move || {
         if let Ok(m) = Arc::try_unwrap(mem) {
-            reuse.recycle(m);
+            incoming.0.recycle(m);
         }
+        drop(incoming);
     });
+}
+
+/// Bytes counted in [`Reuse::bytes`] until dropped.
+struct Incoming(Arc<Reuse>, usize);
+
+impl Incoming {
+    fn new(reuse: &Arc<Reuse>, bytes: usize) -> Incoming {
+        reuse.incoming.fetch_add(bytes, Ordering::Relaxed);
+        Incoming(reuse.clone(), bytes)
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.0.incoming.fetch_sub(self.1, Ordering::Relaxed);
+    }
 }
 
 /// A poisoned lock only means a releasing thread panicked mid-push: the
@@ -132,5 +157,25 @@ mod tests {
             let k = i.to_be_bytes();
             assert_eq!(n.lookup(&k, hash(&k)).unwrap().value, i.to_le_bytes());
         }
+    }
+
+    #[test]
+    fn a_released_memtable_counts_from_the_moment_it_is_let_go() {
+        let r = Arc::new(Reuse::new(64 * CHUNK));
+        let mut m = Memtable::new(1 << 12);
+        for i in 0u32..50_000 {
+            let k = i.to_be_bytes();
+            m.write(Kind::Put, &k, hash(&k), &[1; 40]);
+        }
+        let bytes = m.memory_bytes();
+        release(Arc::new(m), &r);
+        assert!(r.bytes() > 0, "counted before the helper ran");
+        let t = std::time::Instant::now();
+        while r.incoming.load(Ordering::Relaxed) > 0 {
+            assert!(t.elapsed().as_secs() < 30, "the helper never finished");
+            std::thread::yield_now();
+        }
+        let kept = r.bytes();
+        assert!(kept > 0 && kept <= bytes, "kept {kept} of {bytes}");
     }
 }
