@@ -642,3 +642,41 @@ fn faults_around_checkpoints_lose_no_returned_handle_and_hide_nothing() {
         "{cases} {failed} {returned}"
     );
 }
+
+/// A flush that keeps failing (a full disk) does not hold writes back in
+/// silence: the room writes have left stays whole, and they go on until
+/// the memtables pass the budget, where they are refused with the cause.
+#[test]
+fn failing_flushes_leave_writes_their_room_and_a_clear_refusal() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = cfg(d.path());
+    c.memory_budget = 32 << 20;
+    c.memtable_bytes = Some(4 << 20);
+    let (mut s, _) = Store::open(c, FaultIo::new(SyncIo::new(true), None)).unwrap();
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::NoSpace,
+        sticky: true,
+    }));
+    let value = [9u8; 200];
+    let mut refused = None;
+    for i in 0..400_000u32 {
+        // As a shard does: background work advances between requests.
+        s.poll(|_, _| {});
+        match run(&mut s, Op::Put(kr(&k(i)), &value)) {
+            Ok(_) => {}
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+        if s.stats().last_background_error.is_some() {
+            assert_eq!(s.write_headroom(), 1.0, "after {i} puts");
+        }
+    }
+    let st = s.stats();
+    let e = refused.unwrap_or_else(|| panic!("never refused: {st:?} {:?}", s.memory()));
+    assert!(matches!(e, StoreError::OverBudget { .. }), "{e}");
+    assert!(e.to_string().contains("disk is full"), "{e}");
+    assert_eq!(s.stats().write_stalls, 0);
+}

@@ -899,7 +899,10 @@ impl<I: Io> Store<I> {
     /// 0.0, and keeps polling, so the flush, off the caller's thread where
     /// it can be, catches up: writes slow down smoothly instead of
     /// stopping at once. Each stop (0.0) is counted and timed in
-    /// [`StoreStats`].
+    /// [`StoreStats`]. While background work fails (a full disk) it stays
+    /// 1.0: writes then go on until the memtables pass the whole budget
+    /// and are refused with the failure as their cause, which a client
+    /// can act on, rather than wait in silence.
     pub fn write_headroom(&mut self) -> f64 {
         let headroom = self.headroom();
         match (headroom == 0.0, self.stalled_since) {
@@ -918,6 +921,13 @@ impl<I: Io> Store<I> {
 
     /// See [`Store::write_headroom`] (without counting stalls).
     fn headroom(&self) -> f64 {
+        // A failing flush (a full disk) would hold writes back for as long
+        // as it fails, and their clients would hear nothing: instead they
+        // go on until the memtables pass the budget, and are then refused
+        // with the failure's cause (`check_memory`).
+        if self.stats.last_background_error.is_some() {
+            return 1.0;
+        }
         let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
         if frozen == 0 {
             return 1.0;
