@@ -66,7 +66,11 @@ impl<I: Io> Store<I> {
                 // A failing background job would retry forever; stop here.
                 return;
             }
-            let _ = self.wait(Some(Duration::from_millis(5)));
+            // Steps are bounded by time: with CPU work ready, a wait after
+            // each would make a drain (a shutdown's) mostly sleep.
+            if !self.background_runnable() {
+                let _ = self.wait(Some(Duration::from_millis(5)));
+            }
         }
     }
 
@@ -280,15 +284,24 @@ impl<I: Io> Store<I> {
     }
 
     /// Whether background work can take a step now without waiting for
-    /// I/O (a flush to start or to sort and write, a checkpoint manifest
-    /// to start): a caller with nothing else to do should poll again
-    /// rather than wait.
+    /// I/O (a flush to start or to sort and write, a compaction step, a
+    /// checkpoint manifest to start): a caller with nothing else to do
+    /// should poll again rather than wait.
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
             && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| {
                 // (Not while the sort runs elsewhere: the shard would spin
                 // on the core the sort needs.)
                 !j.syncing && matches!(j.order, FlushOrder::Sorted(..)) && j.writer.write_room()
+            }) || self.compact.as_ref().is_some_and(|j| {
+                // Every input has its block, or none waits for a read (it
+                // is finished, or the step issues its read).
+                !j.syncing
+                    && j.error.is_none()
+                    && j.writer.write_room()
+                    && j.cursors
+                        .iter()
+                        .all(|c| c.block().is_some() || c.reads_in_flight() == 0)
             }) || self.checkpoint_runnable())
     }
 
