@@ -148,7 +148,10 @@ impl Daemon {
                     match opened {
                         Ok((store, report)) => {
                             if !report.torn.is_empty() {
-                                tracing::warn!(shard = i, torn = ?report.torn, "torn segment files were set aside");
+                                tracing::warn!(shard = i, torn = ?report.torn, "torn files a checkpoint or restored layer names were set aside");
+                            }
+                            if !report.torn_removed.is_empty() {
+                                tracing::warn!(shard = i, torn = ?report.torn_removed, "torn segment files nothing named were deleted");
                             }
                             tracing::info!(shard = i, dir = %dir.display(), segments = report.segments, "store opened");
                             let _ = ready_tx.send(Ok(()));

@@ -1248,9 +1248,19 @@ impl Shard {
             // Clients sleeping for completions see `closing` now.
             s.to_client.ring();
         }
+        // A stop flushes the memtables and finishes what was promised
+        // (checkpoints, deletes, uploads); a compaction backlog waits for
+        // the next start rather than holding the stop past systemd's
+        // TimeoutStopSec.
+        self.store.stop_compacting();
         self.store.flush();
         self.store.settle();
-        tracing::info!(shard = self.id, stats = ?self.stats, "shard stopped");
+        tracing::info!(
+            shard = self.id,
+            stats = ?self.stats,
+            layers = self.store.stats().segments,
+            "shard stopped"
+        );
     }
 }
 

@@ -444,6 +444,8 @@ impl Gathered {
                         "segment_bytes": r.store.segment_bytes,
                         "flushes": r.store.flushes,
                         "compactions": r.store.compactions,
+                        "torn_files": r.store.torn_kept,
+                        "torn_files_removed": r.store.torn_removed,
                         "write_stalls": r.store.write_stalls,
                         "write_stall_ms": r.store.write_stall_time.as_millis() as u64,
                         "block_reads": r.store.block_reads,
@@ -891,6 +893,18 @@ impl Collector for Gathered {
             "disk_used_bytes",
             "Bytes of every file under data_dir (segments that checkpoints keep included)",
             self.data_dir_bytes as f64,
+        )?;
+        gauge(
+            &mut e,
+            "torn_files",
+            "Torn segment files kept at the last start because a checkpoint or restored layer names them (*.torn)",
+            sum(&|r| r.store.torn_kept as u64) as f64,
+        )?;
+        counter(
+            &mut e,
+            "torn_files_removed",
+            "Torn segment files nothing named, deleted at the last start (a flush or compaction cut off by a crash)",
+            sum(&|r| r.store.torn_removed as u64),
         )?;
         counter(
             &mut e,

@@ -239,6 +239,18 @@ pub fn file_name(order: u64, generation: u32) -> String {
     format!("seg-{order:016x}-{generation:08x}.sst")
 }
 
+/// The segment file name a `*.torn` file was set aside from
+/// (`seg-…-….torn` or `seg-…-….torn.N`, see `Store::open`).
+pub fn parse_torn_file_name(name: &str) -> Option<String> {
+    let (stem, rest) = name.split_once(".torn")?;
+    let numbered = rest.is_empty()
+        || rest
+            .strip_prefix('.')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()));
+    let was = format!("{stem}.sst");
+    (numbered && parse_file_name(&was).is_some()).then_some(was)
+}
+
 /// Parses a segment file name into `(order, generation)`.
 pub fn parse_file_name(name: &str) -> Option<(u64, u32)> {
     let rest = name.strip_prefix("seg-")?.strip_suffix(".sst")?;

@@ -4,6 +4,9 @@ use super::*;
 
 impl<I: Io> Store<I> {
     pub(super) fn maybe_start_compaction(&mut self) {
+        if self.stopping {
+            return;
+        }
         let mut t = self.cfg.compaction_trigger.max(2);
         let full = self.full_compaction_requested && self.segments.len() >= 2;
         if full {
@@ -294,6 +297,15 @@ impl<I: Io> Store<I> {
     }
 
     pub(super) fn abandon_compaction(&mut self, e: StoreError) {
+        self.drop_compaction();
+        self.background_failed(e);
+        self.rebalance_cache();
+    }
+
+    /// Ends the compaction in progress, if any, deleting its output. Its
+    /// inputs stay in the layer list; reads of them still in flight are
+    /// ignored when they complete (the serial no longer matches).
+    pub(super) fn drop_compaction(&mut self) {
         if let Some(j) = self.compact.take() {
             self.cache.forget_segment(j.id);
             if j.writer.all_written() || j.writer.error.is_some() {
@@ -306,7 +318,5 @@ impl<I: Io> Store<I> {
                 self.io.close(j.writer.file);
             }
         }
-        self.background_failed(e);
-        self.rebalance_cache();
     }
 }

@@ -181,14 +181,26 @@ pub struct StoreStats {
     /// (see [`Store::write_headroom`]).
     pub write_stalls: u64,
     pub write_stall_time: Duration,
+    /// Torn files found at open: kept (something names them) and deleted.
+    pub torn_kept: usize,
+    pub torn_removed: usize,
 }
 
 /// What reopening a directory found.
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
     pub segments: usize,
-    /// Incomplete or corrupt segment files set aside as `*.torn`, with why.
+    /// Incomplete or corrupt segment files a retained checkpoint or a
+    /// restored layer names, set aside as `*.torn` (kept: what names them
+    /// fails clearly, and the file is evidence), with why; and torn
+    /// manifests, likewise set aside.
     pub torn: Vec<(PathBuf, String)>,
+    /// Incomplete or corrupt segment files nothing names (a flush or
+    /// compaction cut off by a crash; or `*.torn` files set aside by an
+    /// earlier version), deleted, with why. Nothing durable lived only in
+    /// them: a flush's records are durable only once its segment is
+    /// complete, and a compaction's inputs outlive its output.
+    pub torn_removed: Vec<(PathBuf, String)>,
     /// Segments superseded by a completed compaction: deleted, unless a
     /// retained checkpoint still names them.
     pub superseded: Vec<PathBuf>,
@@ -380,6 +392,8 @@ pub struct Store<I: Io> {
     dir_file: Option<crate::io::FileId>,
     /// `compact_all` was called: the next compaction takes every segment.
     full_compaction_requested: bool,
+    /// `stop_compacting` was called: no compaction starts (a stop).
+    stopping: bool,
     cache: BlockCache,
     reads: Pool<PendingRead>,
     iters: Slab<PendingIter>,
@@ -590,11 +604,15 @@ impl<I: Io> Store<I> {
         std::fs::create_dir_all(&cfg.dir).map_err(|e| dir_err(e.to_string()))?;
         let mut report = RecoveryReport::default();
         let mut found: Vec<(u64, u32, PathBuf)> = Vec::new();
+        // Torn segment files, each with the name it had and why.
+        let mut torn: Vec<(PathBuf, String, String)> = Vec::new();
         for e in std::fs::read_dir(&cfg.dir).map_err(|e| dir_err(e.to_string()))? {
             let e = e.map_err(|e| dir_err(e.to_string()))?;
             let name = e.file_name().to_string_lossy().to_string();
             if let Some((o, g)) = segment::parse_file_name(&name) {
                 found.push((o, g, e.path()));
+            } else if let Some(was) = segment::parse_torn_file_name(&name) {
+                torn.push((e.path(), was, "set aside at an earlier open".into()));
             }
         }
         found.sort();
@@ -615,14 +633,8 @@ impl<I: Io> Store<I> {
                     if !torn_like {
                         return Err(e);
                     }
-                    let mut torn = path.with_extension("torn");
-                    let mut n = 1;
-                    while torn.exists() {
-                        torn = path.with_extension(format!("torn.{n}"));
-                        n += 1;
-                    }
-                    let _ = std::fs::rename(&path, &torn);
-                    report.torn.push((torn, e.to_string()));
+                    let name = path.file_name().map(|n| n.to_string_lossy().to_string());
+                    torn.push((path, name.unwrap_or_default(), e.to_string()));
                 }
             }
         }
@@ -655,6 +667,28 @@ impl<I: Io> Store<I> {
         // output holds its records, and its file may be gone.
         let ckpt = checkpoint::Checkpoints::load(&cfg.dir, &mut report)?;
         let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
+        // A torn segment that a retained checkpoint or a restored layer
+        // names is set aside as evidence (what names it fails clearly);
+        // one nothing names is deleted, or every crash under systemd's
+        // Restart=on-failure would leak a segment's worth of disk.
+        for (path, was, why) in torn {
+            let named = ckpt.pinned(&was) || imports.iter().any(|imp| imp.name == was);
+            if !named {
+                let _ = std::fs::remove_file(&path);
+                report.torn_removed.push((path, why));
+            } else if path.file_name().is_some_and(|n| *n == *was) {
+                let mut aside = path.with_extension("torn");
+                let mut n = 1;
+                while aside.exists() {
+                    aside = path.with_extension(format!("torn.{n}"));
+                    n += 1;
+                }
+                let _ = std::fs::rename(&path, &aside);
+                report.torn.push((aside, why));
+            } else {
+                report.torn.push((path, why));
+            }
+        }
         let (merged, imports): (Vec<ImportRec>, Vec<ImportRec>) =
             imports.into_iter().partition(|imp| {
                 keep.iter()
@@ -691,7 +725,10 @@ impl<I: Io> Store<I> {
                 report.superseded.push(e.path());
             }
         }
-        if !report.torn.is_empty() || !report.superseded.is_empty() {
+        if !report.torn.is_empty()
+            || !report.torn_removed.is_empty()
+            || !report.superseded.is_empty()
+        {
             // Make the renames and deletes durable before anything new.
             std::fs::File::open(&cfg.dir)
                 .and_then(|d| d.sync_all())
@@ -772,6 +809,7 @@ impl<I: Io> Store<I> {
             dir_sync_in_flight: false,
             dir_file: None,
             full_compaction_requested: false,
+            stopping: false,
             reads: Pool::default(),
             iters: Slab::new(),
             fetches: Pool::default(),
@@ -790,7 +828,11 @@ impl<I: Io> Store<I> {
             retry_at: None,
             stalled_since: None,
             reuse,
-            stats: StoreStats::default(),
+            stats: StoreStats {
+                torn_kept: report.torn.len(),
+                torn_removed: report.torn_removed.len(),
+                ..StoreStats::default()
+            },
             completions: Vec::new(),
             scratch: Vec::new(),
             held_block: None,
@@ -992,7 +1034,7 @@ impl<I: Io> Store<I> {
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
-            || (self.full_compaction_requested && self.segments.len() >= 2)
+            || (self.full_compaction_requested && !self.stopping && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
             || self.imports.iter().any(|(_, i)| i.in_flight())
             || self
@@ -1005,6 +1047,17 @@ impl<I: Io> Store<I> {
     /// done, every segment is merged into one (run it with `poll`/`settle`).
     pub fn compact_all(&mut self) {
         self.full_compaction_requested = true;
+    }
+
+    /// Prepares a stop: no compaction starts any more, and one in progress
+    /// is given up (its partial output deleted, its inputs untouched), so
+    /// that `settle` waits only for flushes, checkpoints, deletes and
+    /// uploads. A backlog of layers costs a stop nothing: compaction picks
+    /// it up when the directory is opened again.
+    pub fn stop_compacting(&mut self) {
+        self.stopping = true;
+        self.drop_compaction();
+        self.rebalance_cache();
     }
 
     /// The cache gets whatever the budget leaves after memtables and
