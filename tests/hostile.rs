@@ -508,7 +508,7 @@ fn a_connection_that_never_sends_a_whole_request_is_closed() {
             status, message, ..
         } => {
             assert_eq!(status, stator_ring::control::status::BAD_REQUEST);
-            assert!(message.contains("no complete request"), "{message}");
+            assert!(message.contains("no session opened within"), "{message}");
         }
         other => panic!("{other:?}"),
     }
@@ -516,4 +516,86 @@ fn a_connection_that_never_sends_a_whole_request_is_closed() {
     let done = run(&mut idle, &st.put(0, b"k", b"v")).unwrap();
     assert_eq!(done.status, Ok(stator_client::Status::Ok));
     idle.close().unwrap();
+}
+
+/// The daemon's threads.
+fn threads(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+        .unwrap()
+        .count()
+}
+
+/// Reads one response frame (the connection then ends).
+fn read_refusal(mut s: UnixStream) -> (i32, String) {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut got = Vec::new();
+    let r = s.read_to_end(&mut got);
+    assert!(got.len() >= 4, "no answer ({r:?})");
+    let len = frame_len(got[..4].try_into().unwrap()).unwrap();
+    match Response::decode(&got[4..4 + len]).unwrap() {
+        Response::Error {
+            status, message, ..
+        } => (status, message),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Issue 27 #1, the connection lockout. The handshake limit is a
+/// deadline from accept: an Open trickled a byte at a time (each byte
+/// used to restart a per-read timeout, so it was served after 17 s) is
+/// cut off at the deadline. A connection past the cap is answered
+/// `LIMIT` (it used to be reset), and connections cost no thread each
+/// (there was one per waiting connection).
+#[test]
+fn trickled_requests_meet_a_deadline_and_a_full_cap_is_answered() {
+    use stator_ring::control::status;
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = tmp.path().join("statord.toml");
+    std::fs::write(&conf, "max_sessions = 4\n").unwrap();
+    let d = Daemon::start_in(tmp.path(), 64, &["--config", conf.to_str().unwrap()]);
+    let before = threads(&d);
+    // The cap: max_sessions + 64 connections that send nothing.
+    let held: Vec<UnixStream> = (0..68)
+        .map(|_| UnixStream::connect(&d.socket).unwrap())
+        .collect();
+    let (st, why) = read_refusal(UnixStream::connect(&d.socket).unwrap());
+    assert_eq!(st, status::LIMIT, "{why}");
+    assert!(why.contains("max_sessions + 64"), "{why}");
+    let during = threads(&d);
+    assert!(
+        during < before + 8,
+        "68 waiting connections took {} threads ({before} -> {during})",
+        during - before
+    );
+    drop(held);
+    // Once the daemon has seen them go, an honest Open is served.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = Session::open(&d.socket, &opts("honest", 0, 1)) {
+        assert!(Instant::now() < deadline, "the cap was not given back: {e}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // An Open of ~150 bytes, one byte every 150 ms: 22 s to send whole.
+    let frame = common::open_frame(&"t".repeat(100), 0, 1);
+    assert!(frame.len() > 120, "{}", frame.len());
+    let s = UnixStream::connect(&d.socket).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let trickle = std::thread::spawn(move || {
+        for b in frame {
+            if w.write_all(&[b]).is_err() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        true
+    });
+    let (st, why) = read_refusal(s);
+    assert_eq!(st, status::BAD_REQUEST, "{why}");
+    assert!(why.contains("no session opened within 10s"), "{why}");
+    assert!(!trickle.join().unwrap(), "the whole Open went in");
+    // And an honest client is served.
+    let mut ok = Session::open(&d.socket, &opts("honest", 0, 1)).unwrap();
+    let v = ValueState(ok.register("v", Kind::Value).unwrap());
+    run(&mut ok, &v.put(1, b"k", b"v")).unwrap();
 }

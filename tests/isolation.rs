@@ -241,7 +241,11 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
     assert_eq!(as_uid(1001, &sock, "open job-b"), "ok");
     std::fs::write(flags.join("done"), b"").unwrap();
     let r = flood.join().unwrap();
-    assert!(r.starts_with("error"), "uid 1000's 11th connection: {r}");
+    // (Answered LIMIT, not reset: issue 27 #1.)
+    assert!(
+        r.starts_with("refused") && r.contains("max_sessions_per_uid + 8"),
+        "uid 1000's 11th connection: {r}"
+    );
     // A uid not allowed at all is refused at the socket.
     let r = as_uid(1002, &sock, "open job-c");
     assert!(r.contains("not allowed"), "uid 1002: {r}");

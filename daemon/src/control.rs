@@ -1,12 +1,12 @@
-//! The control socket (`daemon/CONTROL.md`): one thread accepts, one
-//! thread per connection serves it. A connection holds at most one
-//! session; when it closes, for whatever reason (a `Close`, the task's
-//! exit, a crash, `kill -9`), the session is dropped at once.
+//! The control socket's requests (`daemon/CONTROL.md`): `Open`,
+//! `Register`, `Restore` and `Close`, the state registry and the limits
+//! they are held to. `connections.rs` serves the connections that carry
+//! them. A connection holds at most one session; when it closes, for
+//! whatever reason (a `Close`, the task's exit, a crash, `kill -9`), the
+//! session is dropped at once.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -14,11 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stator_ring::RingParams;
-use stator_ring::control::{
-    CONTROL_VERSION, MAX_PARALLELISM, Request, Response, frame_len, kind, msg, status,
-};
+use stator_ring::control::{CONTROL_VERSION, MAX_PARALLELISM, Response, kind, status};
 use stator_ring::keygroup::key_group_range;
-use stator_shm::fdpass::send_fds;
 use stator_store::StateKind;
 use stator_store::StoreError;
 
@@ -314,7 +311,7 @@ impl Ctx {
 
 /// Counts one more for `uid` in `m` unless `limit` (0: none) is reached;
 /// else the count.
-fn take(m: &Mutex<HashMap<u32, usize>>, uid: u32, limit: usize) -> Result<(), usize> {
+pub(crate) fn take(m: &Mutex<HashMap<u32, usize>>, uid: u32, limit: usize) -> Result<(), usize> {
     let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
     let n = m.entry(uid).or_insert(0);
     if limit > 0 && *n >= limit {
@@ -325,7 +322,7 @@ fn take(m: &Mutex<HashMap<u32, usize>>, uid: u32, limit: usize) -> Result<(), us
 }
 
 /// Gives back one [`take`] counted.
-fn give(m: &Mutex<HashMap<u32, usize>>, uid: u32) {
+pub(crate) fn give(m: &Mutex<HashMap<u32, usize>>, uid: u32) {
     let mut m = m.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(n) = m.get_mut(&uid) {
         *n -= 1;
@@ -335,72 +332,7 @@ fn give(m: &Mutex<HashMap<u32, usize>>, uid: u32) {
     }
 }
 
-/// Accepts connections until `ctx.stopping`; polls so that it notices.
-pub fn accept_loop(listener: UnixListener, ctx: Arc<Ctx>) {
-    listener
-        .set_nonblocking(true)
-        .expect("a listening socket can be made non-blocking");
-    while !ctx.stopping.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                // One thread per connection, so connections are capped: in
-                // all, and per uid when sessions are (one tenant must not
-                // hold every connection, e.g. with half-sent frames).
-                let cfg = ctx.cfg();
-                let uid = match nix::sys::socket::getsockopt(
-                    &stream,
-                    nix::sys::socket::sockopt::PeerCredentials,
-                ) {
-                    Ok(c) => c.uid(),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "SO_PEERCRED failed; connection refused");
-                        continue;
-                    }
-                };
-                let per_uid = match cfg.max_sessions_per_uid {
-                    0 => 0,
-                    n => n + 8,
-                };
-                if take(&ctx.conns_per_uid, uid, per_uid).is_err() {
-                    tracing::warn!(uid, "too many control connections of one uid; one refused");
-                    continue;
-                }
-                if ctx.connections.fetch_add(1, Ordering::AcqRel) >= cfg.max_sessions + 64 {
-                    ctx.connections.fetch_sub(1, Ordering::AcqRel);
-                    give(&ctx.conns_per_uid, uid);
-                    tracing::warn!("too many control connections; one refused");
-                    continue;
-                }
-                let c = ctx.clone();
-                let _ = stream.set_nonblocking(false);
-                let spawned = std::thread::Builder::new()
-                    .name("statord-conn".into())
-                    .spawn(move || {
-                        serve(stream, uid, &c);
-                        c.connections.fetch_sub(1, Ordering::AcqRel);
-                        give(&c.conns_per_uid, uid);
-                    });
-                if let Err(e) = spawned {
-                    ctx.connections.fetch_sub(1, Ordering::AcqRel);
-                    give(&ctx.conns_per_uid, uid);
-                    tracing::error!(error = %e, "cannot start a connection thread");
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let fd = listener.as_fd();
-                let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
-                let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::error!(error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-struct Open {
+pub(crate) struct Open {
     id: u64,
     shard: usize,
     /// The peer's uid (its session counts against `max_sessions_per_uid`).
@@ -412,203 +344,9 @@ struct Open {
     names: std::collections::HashSet<String>,
 }
 
-fn read_frame(s: &mut UnixStream, buf: &mut Vec<u8>) -> std::io::Result<Option<()>> {
-    let mut pre = [0u8; 4];
-    match s.read_exact(&mut pre) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let n = frame_len(pre).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-    buf.resize(n, 0);
-    s.read_exact(buf)?;
-    Ok(Some(()))
-}
+pub(crate) type Refusal = (i32, String);
 
-fn refuse(s: &mut UnixStream, request: u8, st: i32, message: impl Into<String>) {
-    let mut out = Vec::new();
-    Response::Error {
-        request,
-        status: st,
-        message: message.into(),
-    }
-    .encode(&mut out);
-    let _ = s.write_all(&out);
-}
-
-/// How long a connection may take to send a complete request while it
-/// has no session (afterwards it may idle: its session's control channel).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serves one connection of peer `uid` until it closes; then drops its
-/// session.
-fn serve(mut s: UnixStream, uid: u32, ctx: &Ctx) {
-    if !ctx.cfg().allowed_uids.contains(&uid) {
-        tracing::warn!(uid, "connection from a uid not in allowed_uids refused");
-        refuse(
-            &mut s,
-            msg::OPEN,
-            status::DENIED,
-            format!("uid {uid} is not allowed (allowed_uids)"),
-        );
-        linger(s);
-        return;
-    }
-    let mut session: Option<Open> = None;
-    let mut buf = Vec::new();
-    let mut out = Vec::new();
-    loop {
-        let _ = s.set_read_timeout(session.is_none().then_some(HANDSHAKE_TIMEOUT));
-        match read_frame(&mut s, &mut buf) {
-            Ok(Some(())) => {}
-            Ok(None) => break,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                tracing::debug!(uid, "control connection sent no complete request in time");
-                refuse(
-                    &mut s,
-                    0,
-                    status::BAD_REQUEST,
-                    format!("no complete request within {HANDSHAKE_TIMEOUT:?} of connecting"),
-                );
-                break;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "control connection failed");
-                refuse(&mut s, 0, status::BAD_REQUEST, e.to_string());
-                break;
-            }
-        }
-        let req = match Request::decode(&buf) {
-            Ok(r) => r,
-            Err(e) => {
-                refuse(
-                    &mut s,
-                    buf.first().copied().unwrap_or(0),
-                    status::BAD_REQUEST,
-                    e.to_string(),
-                );
-                break;
-            }
-        };
-        match req {
-            Request::Open { .. } if session.is_some() => {
-                refuse(
-                    &mut s,
-                    msg::OPEN,
-                    status::STATE,
-                    "this connection already has a session",
-                );
-            }
-            Request::Open {
-                version,
-                job,
-                operator,
-                subtask,
-                parallelism,
-                max_parallelism,
-                sq_entries,
-                cq_entries,
-                arena_bytes,
-                chunk_slots,
-                key_groups,
-            } => match open(
-                ctx,
-                uid,
-                version,
-                &job,
-                &operator,
-                (subtask, parallelism, max_parallelism, key_groups),
-                (sq_entries, cq_entries, arena_bytes, chunk_slots),
-            ) {
-                Ok((o, resp, fds)) => {
-                    resp.encode(&mut out);
-                    let sent = send_fds(
-                        &s,
-                        &out,
-                        &[
-                            fds.memfd.as_fd(),
-                            fds.to_daemon.as_fd(),
-                            fds.to_client.as_fd(),
-                        ],
-                    );
-                    let failed = sent.is_err();
-                    session = Some(o);
-                    if failed {
-                        break;
-                    }
-                }
-                Err((st, m)) => refuse(&mut s, msg::OPEN, st, m),
-            },
-            Request::Register { kind: k, name } => {
-                let r = match &mut session {
-                    None => Err((status::STATE, "open a session first".to_string())),
-                    Some(o) => register(ctx, o, k, &name),
-                };
-                match r {
-                    Ok(state) => {
-                        Response::Registered { state }.encode(&mut out);
-                        if s.write_all(&out).is_err() {
-                            break;
-                        }
-                    }
-                    Err((st, m)) => refuse(&mut s, msg::REGISTER, st, m),
-                }
-            }
-            Request::Restore { handles } => {
-                let r = match &session {
-                    None => Err((status::STATE, "open a session first".to_string())),
-                    Some(o) => restore(ctx, o, handles),
-                };
-                match r {
-                    Ok(resp) => {
-                        resp.encode(&mut out);
-                        if s.write_all(&out).is_err() {
-                            break;
-                        }
-                    }
-                    Err((st, m)) => refuse(&mut s, msg::RESTORE, st, m),
-                }
-            }
-            Request::Close => {
-                if let Some(o) = session.take() {
-                    close(ctx, &o);
-                }
-                Response::Closed.encode(&mut out);
-                let _ = s.write_all(&out);
-                break;
-            }
-        }
-    }
-    if let Some(o) = session.take() {
-        close(ctx, &o);
-    }
-    linger(s);
-}
-
-/// Closes a connection the daemon ends, after its last answer: the write
-/// side first, then what the client sent and nobody read is drained (for
-/// at most 100 ms). Closing a Unix socket with unread data resets the
-/// peer, which may then lose the answer (a refusal's reason) unread.
-fn linger(mut s: UnixStream) {
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
-    let mut sink = [0u8; 4096];
-    for _ in 0..64 {
-        match s.read(&mut sink) {
-            Ok(n) if n > 0 => {}
-            _ => return,
-        }
-    }
-}
-
-type Refusal = (i32, String);
-
-fn open(
+pub(crate) fn open(
     ctx: &Ctx,
     uid: u32,
     version: u16,
@@ -783,7 +521,7 @@ fn open(
     }
 }
 
-fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> {
+pub(crate) fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> {
     let kind = state_kind(k).ok_or((status::BAD_REQUEST, format!("unknown state kind {k}")))?;
     if name.is_empty() {
         return Err((status::BAD_REQUEST, "state name must not be empty".into()));
@@ -817,7 +555,7 @@ fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32, Refusal> 
 }
 
 /// Replaces the session's state by what checkpoints hold of its range.
-fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Response, Refusal> {
+pub(crate) fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Response, Refusal> {
     if handles.is_empty() {
         return Err((
             status::BAD_REQUEST,
@@ -851,7 +589,7 @@ fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Response, Refus
     }
 }
 
-fn close(ctx: &Ctx, o: &Open) {
+pub(crate) fn close(ctx: &Ctx, o: &Open) {
     let (tx, rx) = crossbeam_channel::bounded(1);
     if ctx.shards[o.shard].send(ShardMsg::Close {
         session: o.id,

@@ -19,6 +19,7 @@
 //! binary adds flags, logging and signals around them.
 
 pub mod config;
+pub mod connections;
 pub mod control;
 pub mod metrics;
 pub mod notify;
@@ -62,7 +63,7 @@ pub enum StartError {
 /// A running daemon.
 pub struct Daemon {
     ctx: Arc<Ctx>,
-    acceptor: Option<JoinHandle<()>>,
+    acceptor: Option<JoinHandle<Vec<std::os::unix::net::UnixStream>>>,
     shards: Vec<JoinHandle<ShardStats>>,
     status: Option<StatusServer>,
     /// Where the remote tier's requests run (dropped after the shards).
@@ -216,8 +217,8 @@ impl Daemon {
         };
         let c = ctx.clone();
         let acceptor = std::thread::Builder::new()
-            .name("statord-accept".into())
-            .spawn(move || control::accept_loop(listener, c))
+            .name("statord-control".into())
+            .spawn(move || connections::serve(listener, c))
             .map_err(|e| StartError::Shard {
                 shard: usize::MAX,
                 msg: format!("cannot start the acceptor: {e}"),
@@ -267,9 +268,14 @@ impl Daemon {
     /// store and joins the threads.
     pub fn stop(mut self) -> Vec<ShardStats> {
         self.ctx.stopping.store(true, Ordering::Release);
-        if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
-        }
+        // Open control connections stay open until the shards have
+        // answered what is in flight: a client takes its connection's end
+        // for the daemon's.
+        let connections = self
+            .acceptor
+            .take()
+            .and_then(|a| a.join().ok())
+            .unwrap_or_default();
         let _ = std::fs::remove_file(self.ctx.cfg().socket_path());
         for h in &self.ctx.shards {
             h.send(ShardMsg::Shutdown);
@@ -279,6 +285,7 @@ impl Daemon {
             .drain(..)
             .filter_map(|j| j.join().ok())
             .collect();
+        drop(connections);
         // Last: `/healthz` says "stopping" while the shards drain.
         if let Some(s) = self.status.take() {
             s.stop();

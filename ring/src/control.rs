@@ -138,8 +138,14 @@ pub enum DecodeError {
     Trailing(usize),
     #[error("unknown control message type {0:#x}")]
     Type(u8),
-    #[error("a string in a control message is not UTF-8 or longer than {MAX_NAME} bytes")]
-    BadString,
+    #[error("a name in a control message is not UTF-8")]
+    NotUtf8,
+    #[error("a name of {0} bytes in a control message exceeds the {MAX_NAME}-byte limit")]
+    NameTooLong(usize),
+    #[error("a Restore with {0} handles exceeds the {MAX_HANDLES}-handle limit")]
+    TooManyHandles(usize),
+    #[error("a Restore handle of {0} bytes exceeds the {MAX_HANDLE_LEN}-byte limit")]
+    HandleTooLong(usize),
     #[error("control frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
     TooLong(usize),
     #[error("Open's key groups {lo}..={hi} do not fit in 16 bits")]
@@ -181,10 +187,10 @@ impl<'a> Reader<'a> {
     fn str(&mut self) -> Result<String, DecodeError> {
         let n = self.u16()? as usize;
         if n > MAX_NAME {
-            return Err(DecodeError::BadString);
+            return Err(DecodeError::NameTooLong(n));
         }
         let b = self.take(n)?;
-        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::BadString)
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::NotUtf8)
     }
     fn end(&self) -> Result<(), DecodeError> {
         match self.0.len() {
@@ -317,13 +323,13 @@ impl Request {
             msg::RESTORE => {
                 let n = r.u16()? as usize;
                 if n > MAX_HANDLES {
-                    return Err(DecodeError::BadString);
+                    return Err(DecodeError::TooManyHandles(n));
                 }
                 let mut handles = Vec::with_capacity(n);
                 for _ in 0..n {
                     let len = r.u16()? as usize;
                     if len > MAX_HANDLE_LEN {
-                        return Err(DecodeError::BadString);
+                        return Err(DecodeError::HandleTooLong(len));
                     }
                     handles.push(r.take(len)?.to_vec());
                 }
