@@ -599,3 +599,64 @@ fn trickled_requests_meet_a_deadline_and_a_full_cap_is_answered() {
     let v = ValueState(ok.register("v", Kind::Value).unwrap());
     run(&mut ok, &v.put(1, b"k", b"v")).unwrap();
 }
+
+/// Issue 27 #4: each refusal names the limit that was passed (these were
+/// answered "a string ... is not UTF-8 or longer than 1024 bytes", or
+/// with Rust's own "failed to fill whole buffer").
+#[test]
+fn refusals_name_the_limit_they_met() {
+    use stator_ring::control::status;
+    let d = Daemon::start(64);
+    let refusal = |frame: &[u8], shut: bool| {
+        let mut s = UnixStream::connect(&d.socket).unwrap();
+        s.write_all(frame).unwrap();
+        if shut {
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        read_refusal(s)
+    };
+    let mut f = Vec::new();
+    Request::Restore {
+        handles: vec![vec![1; 257]],
+    }
+    .encode(&mut f);
+    let (st, why) = refusal(&f, false);
+    assert_eq!(st, status::BAD_REQUEST);
+    assert!(
+        why.contains("257 bytes") && why.contains("256-byte limit"),
+        "{why}"
+    );
+    Request::Restore {
+        handles: vec![vec![1; 8]; 1025],
+    }
+    .encode(&mut f);
+    let (st, why) = refusal(&f, false);
+    assert_eq!(st, status::BAD_REQUEST);
+    assert!(
+        why.contains("1025 handles") && why.contains("1024-handle limit"),
+        "{why}"
+    );
+    // (By hand: the encoder cuts names to the limit.)
+    let mut payload = vec![stator_ring::control::msg::REGISTER, kind::VALUE];
+    payload.extend_from_slice(&1025u16.to_le_bytes());
+    payload.extend_from_slice(&[b'n'; 1025]);
+    let mut f = (payload.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(&payload);
+    let (_, why) = refusal(&f, false);
+    assert!(
+        why.contains("1025 bytes") && why.contains("1024-byte limit"),
+        "{why}"
+    );
+    // A frame cut short by the peer's shutdown.
+    let (st, why) = refusal(&[40, 0, 0, 0, 1, 0], true);
+    assert_eq!(st, status::BAD_REQUEST);
+    assert!(
+        why.contains("shut down 2 bytes into a 40-byte frame"),
+        "{why}"
+    );
+    let (_, why) = refusal(&[40, 0], true);
+    assert!(
+        why.contains("2 bytes into a frame's 4-byte length"),
+        "{why}"
+    );
+}
