@@ -24,7 +24,7 @@ struct Raw {
     state: u32,
     map_state: u32,
     key_groups: (u16, u16),
-    _sock: UnixStream,
+    sock: UnixStream,
 }
 
 fn raw_session(socket: &std::path::Path) -> Raw {
@@ -37,7 +37,7 @@ fn raw_session(socket: &std::path::Path) -> Raw {
         state,
         map_state,
         key_groups: r.key_groups,
-        _sock: r.sock,
+        sock: r.sock,
     }
 }
 
@@ -659,4 +659,40 @@ fn refusals_name_the_limit_they_met() {
         why.contains("2 bytes into a frame's 4-byte length"),
         "{why}"
     );
+}
+
+/// Issue 27 #3: a client that breaks its queue (here a submission tail
+/// far past its head) is told, not met with silence: its `STATE` word
+/// says `BROKEN`, and its control connection gets `QUEUE_BROKEN` with the
+/// reason before it is closed (which drops the session). Another
+/// session is not touched.
+#[test]
+fn a_broken_queue_is_told_to_its_client() {
+    use stator_ring::control::status;
+    use stator_ring::header::{state, word};
+    let d = Daemon::start(64);
+    let (mut good, gst) = good_session(&d);
+    let raw = raw_session(&d.socket);
+    let view = raw.seg.view();
+    view.write_from(word::SQ_TAIL, &0xdead_beefu32.to_le_bytes())
+        .unwrap();
+    raw.to_daemon.ring();
+    let (st, why) = read_refusal(raw.sock.try_clone().unwrap());
+    assert_eq!(st, status::QUEUE_BROKEN, "{why}");
+    assert!(
+        why.contains("broke the queue protocol") && why.contains("tail"),
+        "{why}"
+    );
+    assert_eq!(view.read::<u32>(word::STATE).unwrap(), state::BROKEN);
+    // The session is gone; the other one is served.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.mapped_sessions() > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the broken session was not dropped"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = run(&mut good, &gst.get(3, b"mine")).unwrap();
+    assert_eq!(r.value.as_deref(), Some(&b"safe"[..]));
 }

@@ -47,6 +47,10 @@ const WORKERS: usize = 4;
 /// once (a flood of refused connections must not pile up).
 const MAX_LINGERING: usize = 1024;
 
+/// How long a broken session's reason waits for its connection to come
+/// back from a worker.
+const BROKEN_KEPT: Duration = Duration::from_secs(60);
+
 const LISTENER: Token = Token(usize::MAX - 1);
 const WAKER: Token = Token(usize::MAX - 2);
 
@@ -107,6 +111,10 @@ struct Reactor {
     ctx: Arc<Ctx>,
     poll: Poll,
     conns: Slab<Slot>,
+    /// Sessions the shards gave up on whose connection was not found
+    /// reading (with a worker, most likely): told when it comes back;
+    /// forgotten after [`BROKEN_KEPT`] (the connection is gone).
+    broken: std::collections::HashMap<u64, (String, Instant)>,
     lingering: usize,
     jobs: Option<crossbeam_channel::Sender<(usize, Job)>>,
     done: crossbeam_channel::Receiver<(usize, Conn, Next)>,
@@ -146,6 +154,7 @@ impl Reactor {
             ctx,
             poll,
             conns: Slab::new(),
+            broken: Default::default(),
             lingering: 0,
             jobs: Some(jobs),
             done,
@@ -180,6 +189,15 @@ impl Reactor {
             }
             while let Ok((i, c, next)) = self.done.try_recv() {
                 match next {
+                    Next::Keep
+                        if c.session
+                            .as_ref()
+                            .is_some_and(|o| self.broken.contains_key(&o.id)) =>
+                    {
+                        let id = c.session.as_ref().expect("checked").id;
+                        let (why, _) = self.broken.remove(&id).expect("checked");
+                        self.tell_broken(i, c, why);
+                    }
                     Next::Keep => {
                         self.conns[i] = Slot::Reading(c);
                         // Input that came while it was away raised no
@@ -190,7 +208,47 @@ impl Reactor {
                 }
             }
             self.expire(Instant::now());
+            self.take_broken();
         }
+    }
+
+    /// Tells the clients of sessions their shard gave up on why, and ends
+    /// their connections (at least every 100 ms: the loop's wake-up).
+    fn take_broken(&mut self) {
+        let now = Instant::now();
+        self.broken
+            .retain(|_, (_, at)| now.duration_since(*at) < BROKEN_KEPT);
+        let ctx = self.ctx.clone();
+        for (id, why) in ctx.shards.iter().flat_map(|h| h.live.broken.take()) {
+            let reading = self.conns.iter().find_map(|(i, s)| match s {
+                Slot::Reading(c) if c.session.as_ref().is_some_and(|o| o.id == id) => Some(i),
+                Slot::Reading(_) | Slot::Busy | Slot::Lingering { .. } => None,
+            });
+            match reading {
+                Some(i) => {
+                    let Slot::Reading(c) = std::mem::replace(&mut self.conns[i], Slot::Busy) else {
+                        unreachable!("found above")
+                    };
+                    self.tell_broken(i, c, why);
+                }
+                // With a worker: told when it comes back.
+                None => {
+                    self.broken.insert(id, (why, now));
+                }
+            }
+        }
+    }
+
+    /// Sends the reason a session broke and hangs up (slot `i` is Busy).
+    fn tell_broken(&mut self, i: usize, c: Conn, why: String) {
+        refuse(
+            &c.stream,
+            0,
+            status::QUEUE_BROKEN,
+            format!("the session broke the queue protocol and is closed: {why}"),
+            Duration::ZERO,
+        );
+        self.dispatch(i, Job::Hangup(c));
     }
 
     /// The connections still open, once the workers are done.

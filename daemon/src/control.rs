@@ -332,8 +332,9 @@ pub(crate) fn give(m: &Mutex<HashMap<u32, usize>>, uid: u32) {
     }
 }
 
+/// A session a connection opened.
 pub(crate) struct Open {
-    id: u64,
+    pub(crate) id: u64,
     shard: usize,
     /// The peer's uid (its session counts against `max_sessions_per_uid`).
     uid: u32,

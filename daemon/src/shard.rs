@@ -116,6 +116,34 @@ pub struct Live {
     pub ops: OpMetrics,
     /// Sessions, store and checkpoints, rebuilt every [`REPORT_EVERY`].
     pub report: Report,
+    /// Sessions that broke the queue protocol, with why, for the control
+    /// connections to tell their clients (`connections.rs`).
+    pub broken: BrokenSessions,
+}
+
+/// Sessions a shard gave up on, waiting to be told.
+#[derive(Debug, Default)]
+pub struct BrokenSessions {
+    any: std::sync::atomic::AtomicBool,
+    list: Mutex<Vec<(u64, String)>>,
+}
+
+impl BrokenSessions {
+    fn push(&self, session: u64, why: String) {
+        self.list
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((session, why));
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Those pushed since the last take (cheap when none).
+    pub fn take(&self) -> Vec<(u64, String)> {
+        if !self.any.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.list.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// How often a shard rebuilds its [`Live::report`].
@@ -138,6 +166,23 @@ pub struct ShardStats {
     pub sleeps: u64,
     pub sessions_opened: u64,
     pub sessions_closed: u64,
+}
+
+impl Session {
+    /// The client broke the queue protocol: nothing more is taken from or
+    /// pushed to its queues. Its `STATE` word says so at once (and its
+    /// doorbell wakes it); its control connection then gets `why` and is
+    /// closed, which drops the session.
+    fn break_off(&mut self, shard: usize, live: &Live, why: String) {
+        if self.broken {
+            return;
+        }
+        self.broken = true;
+        tracing::warn!(shard, session = self.id, error = %why, "session broke the queue protocol; it is closed");
+        self.mem.borrow_dependent().mark_broken();
+        self.to_client.ring();
+        live.broken.push(self.id, why);
+    }
 }
 
 struct Session {
@@ -889,8 +934,7 @@ impl Shard {
         match r {
             Ok(progress) => progress,
             Err(e) => {
-                tracing::warn!(shard = self.id, session = sid, error = %e, "session broke the queue protocol; it is ignored until it closes");
-                s.broken = true;
+                s.break_off(self.id, &self.live, e.to_string());
                 false
             }
         }
@@ -950,8 +994,8 @@ impl Shard {
                 }
                 push(ring, &c)
             });
-            if r.is_err() {
-                s.broken = true;
+            if let Err(e) = r {
+                s.break_off(shard, live, e.to_string());
             }
         });
         for h in orphans {
@@ -967,11 +1011,13 @@ impl Shard {
     fn drive_snapshots(&mut self) -> bool {
         let mut progress = false;
         let Shard {
+            id: shard,
             store,
             sessions,
             live,
             ..
         } = self;
+        let shard = *shard;
         for (_, s) in sessions.iter_mut() {
             if s.broken {
                 continue;
@@ -1036,7 +1082,7 @@ impl Shard {
             });
             match r {
                 Ok(pushed) => s.dirty |= pushed,
-                Err(_) => s.broken = true,
+                Err(e) => s.break_off(shard, live, e.to_string()),
             }
         }
         progress
@@ -1144,7 +1190,7 @@ impl Shard {
                 });
             match r {
                 Ok(w) => work |= w && !stalled,
-                Err(_) => s.broken = true,
+                Err(e) => s.break_off(self.id, &self.live, e.to_string()),
             }
         }
         if !work {

@@ -51,6 +51,10 @@ pub mod status {
     /// A restore needed the remote tier, which did not answer within its
     /// retries; nothing changed, and the same restore may succeed later.
     pub const REMOTE: i32 = -10;
+    /// Unasked, on a session's connection: the client broke the queue
+    /// protocol (the message says how); the session's `STATE` word is
+    /// `BROKEN`, and the connection closes (the session is dropped).
+    pub const QUEUE_BROKEN: i32 = -11;
 }
 
 /// State kinds on the wire.

@@ -39,10 +39,22 @@ pub const MIN_ENTRIES: u32 = 64;
 /// Largest queue capacity.
 pub const MAX_ENTRIES: u32 = 1 << 20;
 
+/// Values of the `STATE` word (written by the daemon only).
+pub mod state {
+    /// Served.
+    pub const OPEN: u32 = 0;
+    /// The daemon is stopping: requests already queued are answered.
+    pub const CLOSING: u32 = 1;
+    /// The client broke the queue protocol (a bad tail or head index, a
+    /// malformed queue); nothing more is taken or answered, and the
+    /// reason follows on the control connection before it is closed.
+    pub const BROKEN: u32 = 2;
+}
+
 /// Offsets of the shared words inside the control page.
 pub mod word {
     pub const READY: usize = 0x100;
-    /// Session state, written by the daemon: 0 open, 1 closing.
+    /// Session state, written by the daemon: see [`super::state`].
     pub const STATE: usize = 0x104;
     pub const SQ_HEAD: usize = 0x180;
     pub const SQ_TAIL: usize = 0x200;

@@ -183,10 +183,18 @@ impl<'a> ClientRing<'a> {
             .expect("the arena lies inside the segment (checked at attach)")
     }
 
-    /// Whether the daemon marked the session closing.
+    /// Whether the daemon marked the session closing (or broken).
     pub fn daemon_closing(&self) -> bool {
         // Relaxed: a hint; the control socket is the authority on closing.
-        shared_word(&self.view, word::STATE).load(crate::sync::Ordering::Relaxed) != 0
+        shared_word(&self.view, word::STATE).load(crate::sync::Ordering::Relaxed)
+            != crate::header::state::OPEN
+    }
+
+    /// Whether the daemon found the queue protocol broken and stopped
+    /// serving the session (the reason follows on the control socket).
+    pub fn daemon_broken(&self) -> bool {
+        shared_word(&self.view, word::STATE).load(crate::sync::Ordering::Relaxed)
+            == crate::header::state::BROKEN
     }
 }
 
@@ -261,9 +269,24 @@ impl<'a> DaemonRing<'a> {
         Ok(Some(e.validate(&self.layout.arena)?))
     }
 
-    /// Marks the session closing (clients see it in `daemon_closing`).
+    /// Marks the session closing (clients see it in `daemon_closing`),
+    /// unless it is broken.
     pub fn mark_closing(&self) {
         // Relaxed: a hint; see `ClientRing::daemon_closing`.
-        shared_word(&self.view, word::STATE).store(1, crate::sync::Ordering::Relaxed);
+        // (The daemon is the only writer that counts: a client that writes
+        // its own STATE word only misleads itself.)
+        let w = shared_word(&self.view, word::STATE);
+        if w.load(crate::sync::Ordering::Relaxed) == crate::header::state::OPEN {
+            w.store(
+                crate::header::state::CLOSING,
+                crate::sync::Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Marks the session broken (`ClientRing::daemon_broken`).
+    pub fn mark_broken(&self) {
+        shared_word(&self.view, word::STATE)
+            .store(crate::header::state::BROKEN, crate::sync::Ordering::Relaxed);
     }
 }

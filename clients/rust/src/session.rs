@@ -526,6 +526,9 @@ impl Session {
     /// Completions ready to poll now.
     pub fn ready(&mut self) -> Result<usize, Error> {
         self.alive()?;
+        if self.mem.borrow_dependent().daemon_broken() {
+            return Err(self.unasked());
+        }
         match self.mem.with_dependent_mut(|_, ring| ring.cq.available()) {
             Ok(n) => Ok(n as usize),
             Err(e) => Err(self.kill(format!("the completion queue is inconsistent: {e}"))),
@@ -1360,12 +1363,13 @@ impl Session {
             self.to_client.drain();
         }
         if sock {
-            // The daemon never speaks unasked: readable means closed.
+            // The daemon speaks unasked only to say why it ends the
+            // session (then closes): readable means that, or closed.
             let mut b = [0u8; 1];
             let r = nix::sys::socket::recv(
                 self.sock.as_raw_fd(),
                 &mut b,
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT | nix::sys::socket::MsgFlags::MSG_PEEK,
             )
             .map_err(std::io::Error::from);
             match r {
@@ -1376,10 +1380,25 @@ impl Session {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(self.kill(format!("the control socket failed: {e}"))),
-                Ok(_) => return Err(self.kill("unexpected bytes on the control socket".into())),
+                Ok(_) => return Err(self.unasked()),
             }
         }
         Ok(())
+    }
+
+    /// What the daemon said unasked, then closed the connection: why it
+    /// ended the session (a broken queue, CONTROL.md `QUEUE_BROKEN`).
+    fn unasked(&mut self) -> Error {
+        let _ = self.sock.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut buf = Vec::new();
+        let why = match read_response(&mut self.sock, &mut buf) {
+            Ok(Response::Error { message, .. }) => {
+                format!("the daemon closed the session: {message}")
+            }
+            Ok(other) => format!("the daemon closed the session after an unexpected {other:?}"),
+            Err(e) => format!("the daemon marked the session broken and closed it ({e})"),
+        };
+        self.kill(why)
     }
 
     /// For the caller's own event loop: the fds whose readability means
