@@ -145,7 +145,8 @@ fn handle_survives_kill_9_and_restores_exactly_then_rescales_by_reference() {
     assert_eq!(r.checkpoints, 4);
     check(&mut s, st, 6000, &want2, "scaled in to 1");
     notify(&mut s, 2, Notify::Complete);
-    // Checkpoint 1 is now past retention (1): its handle is refused.
+    // The engine no longer needs checkpoint 1: its handle is refused.
+    notify(&mut s, 1, Notify::Subsume);
     match s.restore(&[&h1]) {
         Err(Error::Refused { status, message }) => {
             assert_eq!(status, RESTORE_REFUSED, "{message}");
@@ -459,4 +460,81 @@ fn portable_snapshots_stream_rescale_migrate_and_refuse_bad_chunks() {
         "a cut import left files: {:?}",
         after.difference(&before).collect::<Vec<_>>()
     );
+}
+
+/// Issue 27 #6: retention follows the engine. Every completed checkpoint
+/// stays restorable until the engine says it is subsumed (a COMPLETE used
+/// to delete every older checkpoint of the operator at once); one that
+/// never completed goes when a newer one completes; `retained_checkpoints`
+/// bounds an engine that never subsumes. Retained ones survive a restart.
+#[test]
+fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = tmp.path().join("statord.toml");
+    std::fs::write(&conf, "retained_checkpoints = 3\n").unwrap();
+    let args = ["--config", conf.to_str().unwrap()];
+    let d = Daemon::start_in(tmp.path(), 64, &args);
+    let (mut s, st) = open(&d, "retain", 0, 1);
+    let mut states = Vec::new();
+    let mut handles = Vec::new();
+    for id in 1..=3u64 {
+        let m: BTreeMap<u64, u64> = (0..500).map(|k| (k, k * 10 + id)).collect();
+        put_all(&mut s, st, &m);
+        handles.push(checkpoint(&mut s, id));
+        notify(&mut s, id, Notify::Complete);
+        states.push(m);
+    }
+    let refused = |s: &mut Session, h: &[u8], what: &str| match s.restore(&[h]) {
+        Err(Error::Refused { status, message }) => {
+            assert_eq!(status, RESTORE_REFUSED, "{what}: {message}")
+        }
+        other => panic!("{what} restored: {other:?}"),
+    };
+    // Flink with num-retained 3 may restore any of them (after a restart
+    // too).
+    drop(s);
+    drop(d);
+    let d = Daemon::start_in(tmp.path(), 64, &args);
+    let (mut s, st) = open(&d, "retain", 0, 1);
+    for (i, h) in handles.iter().enumerate() {
+        s.restore(&[h]).unwrap();
+        check(
+            &mut s,
+            st,
+            500,
+            &states[i],
+            &format!("checkpoint {}", i + 1),
+        );
+    }
+    // It subsumes 1: gone; 2 stays.
+    notify(&mut s, 1, Notify::Subsume);
+    refused(&mut s, &handles[0], "a subsumed checkpoint");
+    s.restore(&[&handles[1]]).unwrap();
+    check(
+        &mut s,
+        st,
+        500,
+        &states[1],
+        "checkpoint 2 after 1 was subsumed",
+    );
+    // A checkpoint that never completed goes when a newer one completes.
+    let h4 = checkpoint(&mut s, 4);
+    let h5 = checkpoint(&mut s, 5);
+    notify(&mut s, 5, Notify::Complete);
+    refused(
+        &mut s,
+        &h4,
+        "a checkpoint older than a completed one that never completed",
+    );
+    // The cap (3 completed: 5, 3, 2) holds without a subsume: 6 pushes 2 out.
+    let h6 = checkpoint(&mut s, 6);
+    notify(&mut s, 6, Notify::Complete);
+    refused(
+        &mut s,
+        &handles[1],
+        "a completed checkpoint past retained_checkpoints",
+    );
+    for h in [&handles[2], &h5, &h6] {
+        s.restore(&[h]).unwrap();
+    }
 }

@@ -32,6 +32,12 @@ pub struct Config {
     /// Open sessions at most per uid; 0 = no limit but `max_sessions`. On
     /// a host shared by tenants, keeps one from taking every session.
     pub max_sessions_per_uid: usize,
+    /// Completed checkpoints kept per operator (and shard) at most, for an
+    /// engine that never says which it no longer needs; Flink says so
+    /// (subsumed), and every completed checkpoint it still lists stays
+    /// restorable up to this many. Keep it above Flink's
+    /// `state.checkpoints.num-retained`. At least 1.
+    pub retained_checkpoints: usize,
     /// Log filter: targets and levels (`info`, `warn,statord=debug`; no span
     /// or field filters).
     /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it (and
@@ -169,6 +175,7 @@ impl Default for Config {
             spin_us: 50,
             max_sessions: 1024,
             max_sessions_per_uid: 0,
+            retained_checkpoints: stator_store::DEFAULT_RETAINED_CHECKPOINTS,
             log: "info".into(),
             session: SessionLimits::default(),
             remote: RemoteSettings::default(),
@@ -242,6 +249,10 @@ impl Config {
                 self.memory_budget_mib != new.memory_budget_mib,
             ),
             ("memtable_mib", self.memtable_mib != new.memtable_mib),
+            (
+                "retained_checkpoints",
+                self.retained_checkpoints != new.retained_checkpoints,
+            ),
             ("spin_us", self.spin_us != new.spin_us),
             ("session.batch", self.session.batch != new.session.batch),
             ("remote", self.remote != new.remote),
@@ -311,6 +322,12 @@ impl Config {
         }
         if self.max_sessions == 0 {
             return Err(invalid("max_sessions", "must be at least 1"));
+        }
+        if self.retained_checkpoints == 0 {
+            return Err(invalid(
+                "retained_checkpoints",
+                "must be at least 1 (the newest completed checkpoint is always kept)",
+            ));
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
@@ -415,6 +432,7 @@ impl Config {
         if self.memtable_mib > 0 {
             c.memtable_bytes = Some((self.memtable_mib << 20) as usize);
         }
+        c.retained_checkpoints = self.retained_checkpoints;
         c
     }
 

@@ -301,7 +301,8 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
                         s.checkpoint_notify(OWNERS[o], id, Notify::Complete);
                         ckpts.last_mut().unwrap().completed = true;
                         // Retention 2: the owner's checkpoints older than
-                        // its second-newest completed one are deleted.
+                        // its second-newest completed one are deleted, and
+                        // older ones that never completed.
                         let mut done: Vec<u64> = ckpts
                             .iter()
                             .filter(|c| c.owner == o && c.completed)
@@ -309,10 +310,13 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
                             .collect();
                         done.sort_unstable_by(|a, b| b.cmp(a));
                         let oldest = done.get(1).copied().unwrap_or(done[0]);
-                        for c in ckpts.iter().filter(|c| c.owner == o && c.id < oldest) {
+                        let doomed = |c: &Ckpt| {
+                            c.owner == o && (c.id < oldest || (!c.completed && c.id < id))
+                        };
+                        for c in ckpts.iter().filter(|c| doomed(c)) {
                             dead.extend(c.handles.iter().map(|(_, h)| (o, h.clone())));
                         }
-                        ckpts.retain(|c| c.owner != o || c.id >= oldest);
+                        ckpts.retain(|c| !doomed(c));
                     }
                     1 => {
                         s.checkpoint_notify(OWNERS[o], id, Notify::Abort);

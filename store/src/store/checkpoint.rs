@@ -683,10 +683,14 @@ impl<I: Io> Store<I> {
         }
     }
 
-    /// The engine's word on checkpoint `checkpoint_id` of `owner`. A
-    /// completed checkpoint subsumes the owner's older ones beyond the
-    /// retention count; an aborted one that never completed, or a subsumed
-    /// one, is deleted. Returns how many manifests were deleted.
+    /// The engine's word on checkpoint `checkpoint_id` of `owner`.
+    /// `Complete` marks it completed and deletes the owner's older
+    /// checkpoints that never completed (an engine that completed a newer
+    /// one never completes them: Flink aborts them) and, past
+    /// `retained_checkpoints` completed ones, the oldest completed. Older
+    /// completed checkpoints otherwise stay restorable until the engine
+    /// says `Subsume` (or `Abort`, for one that never completed). Returns
+    /// how many manifests were deleted.
     pub fn checkpoint_notify(&mut self, owner: &[u8], checkpoint_id: u64, kind: Notify) -> usize {
         let mine = |r: &Retained| r.owner == owner;
         let doomed: Vec<u64> = match kind {
@@ -719,7 +723,11 @@ impl<I: Io> Store<I> {
                 self.ckpt
                     .retained
                     .iter()
-                    .filter(|(_, r)| mine(r) && r.checkpoint_id < oldest_kept)
+                    .filter(|(_, r)| {
+                        mine(r)
+                            && ((!r.completed && r.checkpoint_id < checkpoint_id)
+                                || r.checkpoint_id < oldest_kept)
+                    })
                     .map(|(s, _)| *s)
                     .collect()
             }

@@ -93,8 +93,11 @@ pub struct StoreConfig {
     /// An upper bound on the block cache (it otherwise takes whatever the
     /// budget leaves after memtables, indexes and filters).
     pub block_cache_max: Option<usize>,
-    /// Completed checkpoints kept per owner; older ones are deleted when a
-    /// newer one completes (as Flink's `state.checkpoints.num-retained`).
+    /// Completed checkpoints kept per owner at most. The engine says which
+    /// it no longer needs (`Notify::Subsume`, as Flink does for those past
+    /// `state.checkpoints.num-retained`); this cap only bounds an engine
+    /// that never does: past it, the oldest completed ones are deleted
+    /// when a newer one completes.
     pub retained_checkpoints: usize,
 }
 
@@ -111,7 +114,7 @@ impl StoreConfig {
             disk_reads_per_poll: 8,
             retry_delay: Duration::from_millis(500),
             block_cache_max: None,
-            retained_checkpoints: 1,
+            retained_checkpoints: DEFAULT_RETAINED_CHECKPOINTS,
         }
     }
 
@@ -185,6 +188,9 @@ pub struct StoreStats {
     pub torn_kept: usize,
     pub torn_removed: usize,
 }
+
+/// [`StoreConfig::retained_checkpoints`] unless set.
+pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 16;
 
 /// What reopening a directory found.
 #[derive(Clone, Debug, Default)]
