@@ -781,6 +781,10 @@ impl Shard {
         // the room writes have left, and none when there is none (the
         // client's queue fills; reads already taken finish).
         let headroom = store.write_headroom();
+        // Bytes of writes this pass may take (see Store::write_room): a
+        // burst of large puts waits in its queue instead of piling into
+        // memtables past the budget.
+        let mut write_room = store.write_room();
         if headroom <= 0.0 {
             return false;
         }
@@ -841,9 +845,30 @@ impl Shard {
                 for q in sqes.iter().take(PREFETCH_AHEAD) {
                     ring.view().prefetch(base + q.key.off as usize, false);
                 }
+                let mut writes_taken = false;
                 for (i, sqe) in sqes.iter().enumerate() {
                     if let Some(q) = sqes.get(i + PREFETCH_AHEAD) {
                         ring.view().prefetch(base + q.key.off as usize, false);
+                    }
+                    if let Some(op) = Opcode::from_u8(sqe.opcode)
+                        && op.fields().value_in
+                    {
+                        // (Lengths as the client says: an invalid one is
+                        // refused by `take`, this only counts.)
+                        let len = [sqe.key, sqe.namespace, sqe.user_key, sqe.value]
+                            .iter()
+                            .map(|b| b.len as usize)
+                            .sum::<usize>();
+                        if writes_taken && len > write_room {
+                            // This write and the rest stay queued until a
+                            // flush makes room.
+                            let rest = (sqes.len() - i) as u32;
+                            ring.sq.unpop(rest);
+                            *requests -= u64::from(rest);
+                            break;
+                        }
+                        writes_taken = true;
+                        write_room = write_room.saturating_sub(len);
                     }
                     stats.requests += 1;
                     live.ops.request(sqe.opcode);

@@ -317,6 +317,20 @@ impl<'a, T, S: Slots<T>> Consumer<'a, T, S> {
         self.head
     }
 
+    /// Puts back the last `n` entries popped and not yet released: the
+    /// next pops return them again (read afresh from their slots, which
+    /// stay reserved until released). For a consumer that took more than
+    /// it can serve now (statord, when writes would pass its memory
+    /// budget).
+    pub fn unpop(&mut self, n: u32) {
+        assert!(
+            n <= self.unreleased(),
+            "unpop({n}) with {} entries popped and not released",
+            self.unreleased()
+        );
+        self.head = self.head.wrapping_sub(n);
+    }
+
     /// Entries popped but not yet released.
     pub fn unreleased(&self) -> u32 {
         self.head.wrapping_sub(self.released)

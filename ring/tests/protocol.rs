@@ -524,3 +524,32 @@ fn provided_buffer_outside_arena_is_reported() {
     assert_eq!(d.take_buffer().unwrap().unwrap().buf_id, 3);
     assert_eq!(d.take_buffer().unwrap(), None);
 }
+
+/// A consumer that took more than it can serve puts the rest back: the
+/// next pops return the same entries, the producer's slots stay reserved
+/// until released, and an unpop past what is unreleased is refused.
+#[test]
+fn unpopped_entries_come_back_in_order() {
+    let seg = segment(small());
+    let mut d = DaemonRing::create(seg.view(), small()).unwrap();
+    let mut c = ClientRing::attach(seg.view()).unwrap();
+    for i in 0..4u64 {
+        let sqe = Sqe {
+            user_data: i,
+            ..Sqe::default()
+        };
+        assert!(c.sq.push(&sqe).unwrap());
+    }
+    c.sq.publish();
+    let a = d.sq.pop().unwrap().unwrap();
+    let b = d.sq.pop().unwrap().unwrap();
+    let _ = d.sq.pop().unwrap().unwrap();
+    assert_eq!((a.user_data, b.user_data), (0, 1));
+    d.sq.unpop(2);
+    assert_eq!(d.sq.available().unwrap(), 3);
+    let got: Vec<u64> = std::iter::from_fn(|| d.sq.pop().unwrap().map(|s| s.user_data)).collect();
+    assert_eq!(got, [1, 2, 3]);
+    d.sq.release();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| d.sq.unpop(1)));
+    assert!(r.is_err(), "released entries cannot be put back");
+}

@@ -143,6 +143,9 @@ impl BlockBuilder {
         out.append(&self.payload);
         out.append(&ZEROS[..padded - BLOCK_HEADER - self.payload.len()]);
         self.payload.clear();
+        // A block of one large record does not keep its size for the
+        // blocks after it.
+        self.payload.shrink_to(4 * BLOCK_TARGET);
         self.offsets.clear();
         padded
     }

@@ -318,6 +318,9 @@ pub struct SegmentWriter {
     max_kg: u16,
     footer: Footer,
     writes_in_flight: usize,
+    /// Bytes of those writes (a block of one large record is written
+    /// whole, so a count alone does not bound them).
+    bytes_in_flight: usize,
     /// The first write error; the file is abandoned after it.
     pub error: Option<StoreError>,
     finished: bool,
@@ -385,6 +388,7 @@ impl SegmentWriter {
                 ..Footer::default()
             },
             writes_in_flight: 0,
+            bytes_in_flight: 0,
             error: None,
             finished: false,
             token,
@@ -465,6 +469,7 @@ impl SegmentWriter {
         let full = std::mem::replace(&mut self.buf, fresh);
         let len = full.len() as u64;
         if self.error.is_none() {
+            self.bytes_in_flight += full.len();
             io.write(self.file, self.offset, full, self.token);
             self.writes_in_flight += 1;
         }
@@ -505,6 +510,7 @@ impl SegmentWriter {
         self.footer.meta_crc = meta_crc;
         let len = tail.len() as u64;
         if self.error.is_none() {
+            self.bytes_in_flight += tail.len();
             io.write(self.file, self.offset, tail, self.token);
             self.writes_in_flight += 1;
         }
@@ -555,6 +561,7 @@ impl SegmentWriter {
             return false;
         };
         if self.error.is_none() {
+            self.bytes_in_flight += page.len();
             io.write(self.file, off, page, self.token);
             self.writes_in_flight += 1;
         }
@@ -565,8 +572,15 @@ impl SegmentWriter {
     /// its buffer back for the next).
     pub fn write_done(&mut self, result: Result<usize, i32>, buf: Option<AlignedBuf>) {
         self.writes_in_flight -= 1;
+        let len = buf.as_ref().map_or(WRITE_CHUNK, |b| b.len());
+        self.bytes_in_flight = self.bytes_in_flight.saturating_sub(len);
+        if self.writes_in_flight == 0 {
+            self.bytes_in_flight = 0;
+        }
+        // (Not a large record's buffer: spares are for the usual chunk.)
         if let Some(b) = buf
             && b.capacity() >= WRITE_CHUNK + 64 * 1024
+            && b.capacity() <= 2 * WRITE_CHUNK
             && self.spare.len() < 2
             && !self.finished_data
         {
@@ -585,9 +599,12 @@ impl SegmentWriter {
         self.writes_in_flight
     }
 
-    /// Whether another chunk may be written now ([`MAX_WRITES_IN_FLIGHT`]).
+    /// Whether another chunk may be written now: fewer than
+    /// [`MAX_WRITES_IN_FLIGHT`] writes, of fewer bytes than that many
+    /// chunks, are in flight.
     pub fn write_room(&self) -> bool {
         self.writes_in_flight < MAX_WRITES_IN_FLIGHT
+            && self.bytes_in_flight < MAX_WRITES_IN_FLIGHT * WRITE_CHUNK
     }
 
     /// No write or fsync of this writer is in flight.

@@ -969,20 +969,30 @@ impl<I: Io> Store<I> {
 
     /// See [`Store::write_headroom`] (without counting stalls).
     fn headroom(&self) -> f64 {
-        // A failing flush (a full disk) would hold writes back for as long
-        // as it fails, and their clients would hear nothing: instead they
-        // go on until the memtables pass the budget, and are then refused
-        // with the failure's cause (`check_memory`).
-        if self.stats.last_background_error.is_some() {
-            return 1.0;
-        }
-        let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
-        if frozen == 0 {
+        if self.frozen.is_empty() {
             return 1.0;
         }
         let m = self.cfg.memtable_bytes().max(1);
+        (self.write_room() as f64 / m as f64).min(1.0)
+    }
+
+    /// Bytes writes may add before the memtables (the active one, and
+    /// those frozen until their flush lands) hold two memtables' worth,
+    /// all the memory budget plans for them. A caller that takes writes
+    /// should stop at this (after at least one, so a write larger than
+    /// the room still goes in: the memtables then pass the plan by at
+    /// most one write, [`MAX_VALUE_LEN`]) and leave the rest queued. With
+    /// background work failing (a full disk) it is unbounded: writes go on
+    /// until the memtables pass the whole budget and are refused with the
+    /// failure as their cause (`check_memory`), rather than wait in
+    /// silence for as long as the failure lasts.
+    pub fn write_room(&self) -> usize {
+        if self.stats.last_background_error.is_some() {
+            return usize::MAX;
+        }
+        let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
         let used = frozen + self.active.log_bytes();
-        ((2 * m).saturating_sub(used) as f64 / m as f64).min(1.0)
+        (2 * self.cfg.memtable_bytes().max(1)).saturating_sub(used)
     }
 
     /// When a flush or compaction step must end: `background_slice` from

@@ -19,6 +19,8 @@ pub(super) struct Cursor {
     /// The current record of the front block.
     pub rec: usize,
     reads_in_flight: usize,
+    /// Bytes of those reads.
+    bytes_in_flight: usize,
     /// Read buffers blocks still point into, and spare ones to read into
     /// next (fresh buffers cost a zeroing pass and page faults).
     in_use: Vec<Rc<AlignedBuf>>,
@@ -47,6 +49,7 @@ impl Cursor {
             next_block: 0,
             rec: 0,
             reads_in_flight: 0,
+            bytes_in_flight: 0,
             in_use: Vec::new(),
             spare: Vec::new(),
         }
@@ -94,12 +97,31 @@ impl Cursor {
                 return;
             }
             let first = self.next_read;
-            let last = (first + self.read_blocks).min(n);
             let (off, _) = self.seg.index.block(first);
+            // `read_blocks` blocks, but no more bytes than that many
+            // blocks of the target size: a block of one large record can
+            // be 64 MiB, and 64 of them would make one read take 4 GiB
+            // (at least one block, whatever its size).
+            let cap = self.read_bytes();
+            let mut last = first + 1;
+            while last < (first + self.read_blocks).min(n) {
+                let (loff, llen) = self.seg.index.block(last);
+                if (loff + llen as u64 - off) as usize > cap {
+                    break;
+                }
+                last += 1;
+            }
             let (loff, llen) = self.seg.index.block(last - 1);
             let len = (loff + llen as u64 - off) as usize;
+            // Nor more bytes ahead (read or being read) than the window's
+            // worth of target-size blocks, once anything is.
+            let ahead = self.bytes_in_flight + self.in_use.iter().map(|b| b.len()).sum::<usize>();
+            if ahead > 0 && ahead + len > cap * self.max_reads {
+                return;
+            }
             self.next_read = last;
             self.reads_in_flight += 1;
+            self.bytes_in_flight += len;
             let buf = match self.spare.pop() {
                 Some(mut b) if b.capacity() >= len => {
                     b.set_len(len);
@@ -115,6 +137,12 @@ impl Cursor {
     /// checked and queued (in block order).
     pub fn read_done(&mut self, first: usize, c: IoCompletion) -> Result<(), StoreError> {
         self.reads_in_flight -= 1;
+        self.bytes_in_flight = self
+            .bytes_in_flight
+            .saturating_sub(c.buf.as_ref().map_or(0, |b| b.len()));
+        if self.reads_in_flight == 0 {
+            self.bytes_in_flight = 0;
+        }
         let seg = &self.seg;
         let buf = match (c.result, c.buf) {
             (Ok(n), Some(b)) if n == b.len() => Rc::new(b),
@@ -170,13 +198,21 @@ impl Cursor {
         }
     }
 
-    /// Takes back read buffers no block points into any more.
+    /// Bytes a read takes at most, unless one block is larger:
+    /// `read_blocks` blocks of the target size.
+    fn read_bytes(&self) -> usize {
+        self.read_blocks * format::BLOCK_TARGET.next_power_of_two()
+    }
+
+    /// Takes back read buffers no block points into any more (not one a
+    /// large block needed: it goes back to the allocator).
     fn recycle(&mut self) {
         let mut i = 0;
         while i < self.in_use.len() {
             if Rc::strong_count(&self.in_use[i]) == 1 {
                 let b = self.in_use.swap_remove(i);
                 if let Ok(b) = Rc::try_unwrap(b)
+                    && b.capacity() <= self.read_bytes()
                     && self.spare.len() < self.max_reads
                 {
                     self.spare.push(b);
