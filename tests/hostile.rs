@@ -779,3 +779,38 @@ fn a_burst_of_large_puts_stays_within_the_memory_budget() {
         assert!(got.value.as_deref() == Some(&value[..]), "put {i}");
     }
 }
+
+/// Issue 27 #5: the state registry is bounded per job. `session.max_states`
+/// bounds one session, but a tenant could reconnect and register new names
+/// forever (each kept and fsynced in states.json); `max_states_per_job`
+/// bounds the job, with a clear refusal, and leaves other jobs alone.
+#[test]
+fn a_job_cannot_grow_the_state_registry_without_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = tmp.path().join("statord.toml");
+    std::fs::write(&conf, "max_states_per_job = 5\n").unwrap();
+    let d = Daemon::start_in(tmp.path(), 64, &["--config", conf.to_str().unwrap()]);
+    let mut n = 0;
+    for _session in 0..2 {
+        let mut s = Session::open(&d.socket, &opts("names", 0, 1)).unwrap();
+        for _ in 0..3 {
+            if n < 5 {
+                s.register(&format!("state-{n}"), Kind::Value).unwrap();
+            } else {
+                let e = s
+                    .register(&format!("state-{n}"), Kind::Value)
+                    .expect_err("a sixth name of the job");
+                assert!(e.to_string().contains("max_states_per_job 5"), "{e}");
+            }
+            n += 1;
+        }
+        // A name the job has is found again.
+        s.register("state-0", Kind::Value).unwrap();
+        s.close().unwrap();
+    }
+    let registry = std::fs::read_to_string(tmp.path().join("data/states.json")).unwrap();
+    assert_eq!(registry.matches("\"names\"").count(), 5, "{registry}");
+    // Another job is not affected.
+    let mut other = Session::open(&d.socket, &opts("other", 0, 1)).unwrap();
+    other.register("state-9", Kind::Value).unwrap();
+}

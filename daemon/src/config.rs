@@ -38,6 +38,10 @@ pub struct Config {
     /// restorable up to this many. Keep it above Flink's
     /// `state.checkpoints.num-retained`. At least 1.
     pub retained_checkpoints: usize,
+    /// States (names) one job may have registered, over all its operators
+    /// and sessions: names are kept across sessions and restarts, so this
+    /// bounds a tenant that makes up new ones. At least 1.
+    pub max_states_per_job: usize,
     /// Log filter: targets and levels (`info`, `warn,statord=debug`; no span
     /// or field filters).
     /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it (and
@@ -176,6 +180,7 @@ impl Default for Config {
             max_sessions: 1024,
             max_sessions_per_uid: 0,
             retained_checkpoints: stator_store::DEFAULT_RETAINED_CHECKPOINTS,
+            max_states_per_job: DEFAULT_MAX_STATES_PER_JOB,
             log: "info".into(),
             session: SessionLimits::default(),
             remote: RemoteSettings::default(),
@@ -224,7 +229,7 @@ fn queue_ok(n: u32) -> bool {
 
 impl Config {
     /// What a reload (SIGHUP) changes at runtime: `log`, `max_sessions`,
-    /// `max_sessions_per_uid`,
+    /// `max_sessions_per_uid`, `max_states_per_job`,
     /// `allowed_uids` and the `session.*` limits but `session.batch` (they
     /// apply to sessions opened from then on; open sessions keep theirs).
     /// Returns the configuration to run with (`new`'s runtime keys, this
@@ -234,6 +239,7 @@ impl Config {
         let mut run = self.clone();
         run.log = new.log.clone();
         run.max_sessions = new.max_sessions;
+        run.max_states_per_job = new.max_states_per_job;
         run.max_sessions_per_uid = new.max_sessions_per_uid;
         run.allowed_uids = new.allowed_uids.clone();
         run.session = SessionLimits {
@@ -322,6 +328,9 @@ impl Config {
         }
         if self.max_sessions == 0 {
             return Err(invalid("max_sessions", "must be at least 1"));
+        }
+        if self.max_states_per_job == 0 {
+            return Err(invalid("max_states_per_job", "must be at least 1"));
         }
         if self.retained_checkpoints == 0 {
             return Err(invalid(
@@ -505,6 +514,9 @@ pub fn log_filter(directives: &str) -> Result<tracing_subscriber::EnvFilter, Str
 
 /// The block cache's room at least, per shard, beside two memtables.
 const MIN_CACHE_MIB: u64 = 4;
+
+/// [`Config::max_states_per_job`] unless set.
+pub const DEFAULT_MAX_STATES_PER_JOB: usize = 4096;
 
 fn physical_memory() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.

@@ -36,6 +36,8 @@ pub struct Registry {
     index: HashMap<(String, String, String), usize>,
     jobs_path: PathBuf,
     jobs: std::collections::BTreeMap<String, u32>,
+    /// States one job may have registered (`max_states_per_job`).
+    max_per_job: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -65,7 +67,14 @@ impl Registry {
             index,
             jobs_path,
             jobs,
+            max_per_job: crate::config::DEFAULT_MAX_STATES_PER_JOB,
         })
+    }
+
+    /// Sets how many states one job may register (`max_states_per_job`;
+    /// at start and at a reload).
+    pub fn set_max_states_per_job(&mut self, n: usize) {
+        self.max_per_job = n;
     }
 
     /// Lets `uid` open a session of `job`: a job belongs to the first uid
@@ -125,6 +134,9 @@ impl Registry {
         states: &[(&str, u8)],
     ) -> Result<Vec<u32>, (i32, String)> {
         let before = self.entries.len();
+        // (One pass over the registry per registration: registrations are
+        // rare, at a session's start.)
+        let mut of_job = self.entries.iter().filter(|e| e.job == job).count();
         let mut ids = Vec::with_capacity(states.len());
         let mut next = self.next_id();
         let undo = |r: &mut Registry| {
@@ -155,6 +167,17 @@ impl Registry {
                     format!("{MAX_REGISTERED} states are registered on this daemon"),
                 ));
             }
+            if of_job >= self.max_per_job {
+                undo(self);
+                return Err((
+                    status::LIMIT,
+                    format!(
+                        "job `{job}` has {of_job} states registered (max_states_per_job {}); state names are kept across sessions, so a job that makes up new names each run runs out",
+                        self.max_per_job
+                    ),
+                ));
+            }
+            of_job += 1;
             let id = next;
             next += 1;
             self.entries.push(RegEntry {

@@ -90,10 +90,10 @@ impl Daemon {
         }
         // A socket file nobody answers on is a leftover of a crash.
         let _ = std::fs::remove_file(&sock);
-        let registry = Arc::new(Mutex::new(
-            Registry::open(&cfg.data_dir)
-                .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?,
-        ));
+        let mut registry = Registry::open(&cfg.data_dir)
+            .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?;
+        registry.set_max_states_per_job(cfg.max_states_per_job);
+        let registry = Arc::new(Mutex::new(registry));
 
         // The remote tier: one runtime and one object store client shared
         // by every shard's `Remote`.
@@ -244,6 +244,11 @@ impl Daemon {
     pub fn reload(&self, new: &Config) -> Vec<&'static str> {
         let mut cur = self.ctx.cfg.write().unwrap_or_else(|p| p.into_inner());
         let (run, restart) = cur.reload(new);
+        self.ctx
+            .registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_max_states_per_job(run.max_states_per_job);
         *cur = Arc::new(run);
         restart
     }
