@@ -879,8 +879,19 @@ impl Collector for Gathered {
         gauge(
             &mut e,
             "disk_segments",
-            "Live segment files",
+            "Layers: live segment files, restored ones included (compaction merges more at once past 3 x compaction_trigger)",
             sum(&|r| r.store.segments as u64) as f64,
+        )?;
+        let live = sum(&|r| r.store.segment_bytes);
+        gauge(
+            &mut e,
+            "disk_space_amplification",
+            "Bytes under data_dir per byte of live layers: what retained checkpoints pin, superseded files not yet deleted, registry and markers (1 = nothing but the live state)",
+            if live == 0 {
+                1.0
+            } else {
+                self.data_dir_bytes as f64 / live as f64
+            },
         )?;
         gauge(
             &mut e,

@@ -132,7 +132,7 @@ fn corrupt_filter_index_or_footer_sets_the_segment_aside() {
 }
 
 #[test]
-fn torn_segment_is_ignored_and_reported_and_older_ones_survive() {
+fn torn_segment_is_deleted_and_reported_and_older_ones_survive() {
     let d = tempfile::tempdir().unwrap();
     build(d.path(), 500);
     {
@@ -153,7 +153,11 @@ fn torn_segment_is_ignored_and_reported_and_older_ones_survive() {
     f.set_len(8192).unwrap();
     let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
     assert_eq!(rep.segments, 1);
-    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+    // Incomplete and named by nothing: deleted, not kept forever.
+    assert_eq!(rep.torn_removed.len(), 1, "{rep:?}");
+    assert!(rep.torn.is_empty(), "{rep:?}");
+    assert!(!segs[1].exists());
+    assert_eq!(s.stats().torn_removed, 1);
     for i in 0..500 {
         assert_eq!(
             run(&mut s, Op::Get(kr(&k(i)))).unwrap(),

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Segments one compaction merges at most when working off a backlog
+/// (each input holds a read window of [`COMPACT_READ_BLOCKS`] blocks).
+const MAX_COMPACT_INPUTS: usize = 64;
+
 impl<I: Io> Store<I> {
     pub(super) fn maybe_start_compaction(&mut self) {
         if self.stopping {
@@ -36,9 +40,34 @@ impl<I: Io> Store<I> {
                 break;
             }
         }
-        // Too many segments of any size: merge the newest `t` anyway.
-        if window.is_none() && self.segments.len() >= t * 3 {
-            window = Some(0);
+        // A backlog (past 3t layers: many restores, an outage) is merged
+        // many at once, up to [`MAX_COMPACT_INPUTS`], so it shrinks in a
+        // few compactions rather than one per three layers, and reads and
+        // restarts stop paying for every layer: a window of similar sizes
+        // takes in the similar ones after it; without one, the newest go
+        // together anyway.
+        let n = self.segments.len();
+        if !full && n >= t * 3 {
+            let most = (n - 2 * t).clamp(t, MAX_COMPACT_INPUTS.max(t));
+            match window {
+                Some(start) => {
+                    let (mut lo, mut hi) = sizes[start..start + t]
+                        .iter()
+                        .fold((u64::MAX, 0), |(l, h), &s| (l.min(s), h.max(s)));
+                    while t < most && start + t < n {
+                        let s = sizes[start + t];
+                        if hi.max(s) > lo.min(s) * 4 {
+                            break;
+                        }
+                        (lo, hi) = (lo.min(s), hi.max(s));
+                        t += 1;
+                    }
+                }
+                None => {
+                    window = Some(0);
+                    t = most;
+                }
+            }
         }
         let Some(start) = window else { return };
         let inputs: Vec<Rc<Segment>> = self.segments[start..start + t].to_vec();

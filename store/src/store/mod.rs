@@ -196,14 +196,14 @@ pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 16;
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
     pub segments: usize,
-    /// Incomplete or corrupt segment files a retained checkpoint or a
-    /// restored layer names, set aside as `*.torn` (kept: what names them
-    /// fails clearly, and the file is evidence), with why; and torn
-    /// manifests, likewise set aside.
+    /// Corrupt segment files (complete, with a bad checksum), and
+    /// incomplete ones a retained checkpoint or a restored layer names,
+    /// set aside as `*.torn` (kept as evidence; what names them fails
+    /// clearly), with why; and torn manifests, likewise set aside.
     pub torn: Vec<(PathBuf, String)>,
-    /// Incomplete or corrupt segment files nothing names (a flush or
-    /// compaction cut off by a crash; or `*.torn` files set aside by an
-    /// earlier version), deleted, with why. Nothing durable lived only in
+    /// Incomplete segment files nothing names (a flush or compaction cut
+    /// off by a crash; or `*.torn` files set aside by an earlier version),
+    /// deleted, with why. Nothing durable lived only in
     /// them: a flush's records are durable only once its segment is
     /// complete, and a compaction's inputs outlive its output.
     pub torn_removed: Vec<(PathBuf, String)>,
@@ -610,15 +610,17 @@ impl<I: Io> Store<I> {
         std::fs::create_dir_all(&cfg.dir).map_err(|e| dir_err(e.to_string()))?;
         let mut report = RecoveryReport::default();
         let mut found: Vec<(u64, u32, PathBuf)> = Vec::new();
-        // Torn segment files, each with the name it had and why.
-        let mut torn: Vec<(PathBuf, String, String)> = Vec::new();
+        // Segment files that failed their checks, each with the name it
+        // had, why, and whether it is incomplete (a write a crash cut
+        // off) rather than corrupt (complete, with a bad checksum).
+        let mut torn: Vec<(PathBuf, String, String, bool)> = Vec::new();
         for e in std::fs::read_dir(&cfg.dir).map_err(|e| dir_err(e.to_string()))? {
             let e = e.map_err(|e| dir_err(e.to_string()))?;
             let name = e.file_name().to_string_lossy().to_string();
             if let Some((o, g)) = segment::parse_file_name(&name) {
                 found.push((o, g, e.path()));
             } else if let Some(was) = segment::parse_torn_file_name(&name) {
-                torn.push((e.path(), was, "set aside at an earlier open".into()));
+                torn.push((e.path(), was, "set aside at an earlier open".into(), true));
             }
         }
         found.sort();
@@ -635,12 +637,17 @@ impl<I: Io> Store<I> {
                 // (a newer format version, EMFILE, EACCES...) stops the open:
                 // the file may be fine, and guessing would lose it.
                 Err(e) => {
-                    let torn_like = matches!(&e, StoreError::Corrupt { what, .. } if *what != format::UNSUPPORTED_VERSION);
-                    if !torn_like {
-                        return Err(e);
-                    }
+                    let incomplete = match &e {
+                        StoreError::Corrupt { what, .. }
+                            if *what == format::UNSUPPORTED_VERSION =>
+                        {
+                            return Err(e);
+                        }
+                        StoreError::Corrupt { what, .. } => what.contains("torn"),
+                        _ => return Err(e),
+                    };
                     let name = path.file_name().map(|n| n.to_string_lossy().to_string());
-                    torn.push((path, name.unwrap_or_default(), e.to_string()));
+                    torn.push((path, name.unwrap_or_default(), e.to_string(), incomplete));
                 }
             }
         }
@@ -673,13 +680,15 @@ impl<I: Io> Store<I> {
         // output holds its records, and its file may be gone.
         let ckpt = checkpoint::Checkpoints::load(&cfg.dir, &mut report)?;
         let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
-        // A torn segment that a retained checkpoint or a restored layer
-        // names is set aside as evidence (what names it fails clearly);
-        // one nothing names is deleted, or every crash under systemd's
-        // Restart=on-failure would leak a segment's worth of disk.
-        for (path, was, why) in torn {
+        // An incomplete segment nothing names (no retained checkpoint, no
+        // restored layer) is deleted, or every crash under systemd's
+        // Restart=on-failure would leak a segment's worth of disk. One
+        // something names (which then fails clearly), and a corrupt one
+        // (complete, with a bad checksum: evidence of the disk), is set
+        // aside.
+        for (path, was, why, incomplete) in torn {
             let named = ckpt.pinned(&was) || imports.iter().any(|imp| imp.name == was);
-            if !named {
+            if incomplete && !named {
                 let _ = std::fs::remove_file(&path);
                 report.torn_removed.push((path, why));
             } else if path.file_name().is_some_and(|n| *n == *was) {
