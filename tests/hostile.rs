@@ -307,16 +307,13 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         other => panic!("expected status {want}, got {other:?}"),
     };
 
-    // A daemon that allows only some other uid refuses us at connect.
+    // A daemon that allows only some other uid still lets root (and its
+    // own uid) in: statorctl's snapshot commands need a session (issue 27;
+    // e2e_isolation refuses a uid not listed).
     {
         let tmp = tempfile::tempdir().unwrap();
         let d = Daemon::start_in(tmp.path(), 64, &["--allow-uid", "54321"]);
-        let mut s = UnixStream::connect(&d.socket).unwrap();
-        refused(read_resp(&mut s), status::DENIED);
-        let e = Session::open(&d.socket, &opts("nope", 0, 1))
-            .err()
-            .expect("denied");
-        assert!(e.to_string().contains("not allowed"), "{e}");
+        Session::open(&d.socket, &opts("root", 0, 1)).expect("root is allowed");
     }
 
     let d = Daemon::start(64);

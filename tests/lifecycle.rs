@@ -265,3 +265,104 @@ fn a_stop_leaves_the_compaction_backlog_and_a_start_deletes_torn_segments() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Bytes of every file under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|it| {
+            it.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// A measurement, not a check (RELIABILITY.md, crash and restore): 60
+/// rounds of start, restore the last checkpoint, write, checkpoint,
+/// complete (and subsume the one before, as Flink does), run on for
+/// `STATOR_ROUND_MS` (300), SIGKILL. Prints
+/// each tenth round's restart time (start to a connectable socket),
+/// layers and disk. `STATORD_BIN` runs another build of statord (an
+/// older one, for a before/after). Run:
+/// `cargo test -p statord --test e2e_lifecycle crash_restore_rounds -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement (about 30 s); run by hand"]
+fn crash_restore_rounds() {
+    use stator_client::{Notify, Request};
+    let bin = std::env::var("STATORD_BIN").unwrap_or(env!("CARGO_BIN_EXE_statord").into());
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, run_dir) = (tmp.path().join("data"), tmp.path().join("run"));
+    let socket = run_dir.join("stator.sock");
+    let mut handle: Option<Vec<u8>> = None;
+    let value = [9u8; 100];
+    for round in 1..=60u64 {
+        let t0 = Instant::now();
+        let mut child = std::process::Command::new(&bin)
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(["--shards", "1", "--memory-budget-mib", "64"])
+            .env("STATOR_LOG", "error")
+            .spawn()
+            .unwrap();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "statord did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let up = t0.elapsed();
+        let mut s = Session::open(&socket, &opts("crash", 0, 1)).unwrap();
+        let st = ValueState(s.register("v", Kind::Value).unwrap());
+        if let Some(h) = &handle {
+            s.restore(&[h]).unwrap();
+        }
+        for k in 0..2000u64 {
+            let key = (k * 7919 + round).to_be_bytes();
+            s.submit(&st.put((k % 128) as u16, &key, &value), k)
+                .unwrap();
+            if k % 500 == 499 {
+                s.flush().unwrap();
+                collect(&mut s, 500, |_, d| assert_eq!(d.status, Ok(Status::Ok))).unwrap();
+            }
+        }
+        let d = run(&mut s, &Request::checkpoint(round)).unwrap();
+        handle = Some(d.value.expect("a handle"));
+        run(&mut s, &Request::checkpoint_notify(round, Notify::Complete)).unwrap();
+        if round > 1 {
+            run(
+                &mut s,
+                &Request::checkpoint_notify(round - 1, Notify::Subsume),
+            )
+            .unwrap();
+        }
+        let layers = std::fs::read_dir(data.join("shard-0"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+            .count();
+        // The task runs a while (STATOR_ROUND_MS, default 300 ms), then
+        // the daemon dies.
+        let ms = std::env::var("STATOR_ROUND_MS").map_or(300, |v| v.parse().unwrap());
+        std::thread::sleep(Duration::from_millis(ms));
+        if round % 10 == 0 || round == 1 {
+            let (_, m, _) = common::statorctl(&["--run-dir", run_dir.to_str().unwrap(), "metrics"]);
+            eprintln!(
+                "round {round}: restart {:.1} ms, {layers} segment files after the checkpoint, {} layers and {} compactions at the kill, data_dir {:.1} MiB",
+                up.as_secs_f64() * 1e3,
+                metric(&m, "stator_disk_segments"),
+                metric(&m, "stator_compactions_total"),
+                dir_bytes(&data) as f64 / (1 << 20) as f64
+            );
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let _ = child.wait();
+    }
+}

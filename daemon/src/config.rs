@@ -432,6 +432,14 @@ impl Config {
         self.run_dir.join("status.sock")
     }
 
+    /// Whether `uid` may use the control and status sockets: root and
+    /// statord's own uid always (they can read the data directory anyway,
+    /// and statorctl's snapshot commands need a session), others when
+    /// `allowed_uids` lists them.
+    pub fn allows(&self, uid: u32) -> bool {
+        uid == 0 || uid == nix::unistd::geteuid().as_raw() || self.allowed_uids.contains(&uid)
+    }
+
     /// One shard's store configuration.
     pub fn store_config(&self, shard: usize) -> stator_store::StoreConfig {
         let mut c = stator_store::StoreConfig::new(

@@ -340,10 +340,12 @@ impl Reactor {
     /// not.
     fn admit(&self, uid: u32) -> Option<control::Refusal> {
         let cfg = self.ctx.cfg();
-        if !cfg.allowed_uids.contains(&uid) {
+        if !cfg.allows(uid) {
             return Some((
                 status::DENIED,
-                format!("uid {uid} is not allowed (allowed_uids)"),
+                format!(
+                    "uid {uid} is not allowed (allowed_uids; root and statord's own uid always are)"
+                ),
             ));
         }
         let per_uid = match cfg.max_sessions_per_uid {

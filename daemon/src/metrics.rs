@@ -302,7 +302,7 @@ pub struct SessionReport {
     pub cq_entries: u32,
     /// Requests taken so far.
     pub requests: u64,
-    /// It broke the queue protocol and is ignored until it closes.
+    /// It broke the queue protocol: told so (QUEUE_BROKEN) and closed.
     pub broken: bool,
     /// Seconds since the Unix epoch.
     pub opened_unix: u64,

@@ -169,9 +169,7 @@ impl Drop for StatusServer {
 
 /// Whether `uid` may read the status (the configuration in force now).
 fn allowed(ctx: &Ctx, uid: Option<u32>) -> bool {
-    uid.is_some_and(|u| {
-        u == 0 || u == nix::unistd::geteuid().as_raw() || ctx.cfg().allowed_uids.contains(&u)
-    })
+    uid.is_some_and(|u| ctx.cfg().allows(u))
 }
 
 async fn serve(stream: tokio::net::UnixStream, ctx: Arc<Ctx>, beats: Arc<Beats>, started: Instant) {
