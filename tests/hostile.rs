@@ -597,6 +597,70 @@ fn trickled_requests_meet_a_deadline_and_a_full_cap_is_answered() {
     run(&mut ok, &v.put(1, b"k", b"v")).unwrap();
 }
 
+/// Reviewing issue 27 #1: answers were written by the worker threads,
+/// each waiting up to 5 s for a peer to read; four sessions that sent
+/// registrations and never read the answers held all four workers, and
+/// an honest Open waited until they were cut off. Now the reactor writes
+/// what a socket does not take at once: the honest client is served
+/// while those connections are still open, and they are cut off later.
+#[test]
+fn clients_that_do_not_read_their_answers_hold_no_worker() {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let d = Daemon::start(64);
+    let mut frame = Vec::new();
+    Request::Register {
+        kind: kind::VALUE,
+        name: "x".into(),
+    }
+    .encode(&mut frame);
+    let many = frame.repeat(4096);
+    let deaf: Vec<_> = (0..8)
+        .map(|i| {
+            let r = common::raw_session(&d.socket, &format!("deaf{i}"), 0, 1).unwrap();
+            let s = r.sock;
+            s.set_nonblocking(true).unwrap();
+            // Until the socket is full: the daemon has stopped reading,
+            // its answers not taken.
+            loop {
+                match (&s).write(&many) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            s
+        })
+        .collect();
+    // Time for the daemon to answer until their sockets are full (a few
+    // hundred answers each; the answers' deadline is 5 s away).
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut ok = Session::open(&d.socket, &opts("honest", 0, 1)).unwrap();
+    let v = ValueState(ok.register("v", Kind::Value).unwrap());
+    run(&mut ok, &v.put(1, b"k", b"v")).unwrap();
+    for s in &deaf {
+        // POLLHUP: the daemon closed its end.
+        let mut p = [PollFd::new(s.as_fd(), PollFlags::empty())];
+        poll(&mut p, PollTimeout::ZERO).unwrap();
+        let hung_up = p[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP));
+        assert!(
+            !hung_up,
+            "a connection not reading its answers was ended before an honest client was served"
+        );
+    }
+    // Cut off once their answers have waited 5 s.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for s in &deaf {
+        let mut p = [PollFd::new(s.as_fd(), PollFlags::empty())];
+        while !p[0].revents().is_some_and(|r| r.contains(PollFlags::POLLHUP)) {
+            assert!(Instant::now() < deadline, "a deaf connection was kept");
+            poll(&mut p, PollTimeout::from(100u8)).unwrap();
+        }
+    }
+}
+
 /// Issue 27 #4: each refusal names the limit that was passed (these were
 /// answered "a string ... is not UTF-8 or longer than 1024 bytes", or
 /// with Rust's own "failed to fill whole buffer").

@@ -1,11 +1,14 @@
 //! The control socket's connections, served without a thread each.
 //!
-//! One thread (`statord-control`) accepts and reads every connection
-//! through epoll (mio). A complete request goes, with its connection, to
-//! one of [`WORKERS`] threads, which runs it (a shard round trip, a
-//! registry fsync; `control.rs`) and writes the answer, then hands the
-//! connection back; a connection has one request at a time in a worker,
-//! so answers keep the order of requests.
+//! One thread (`statord-control`) accepts, reads and writes every
+//! connection through epoll (mio). A complete request goes, with its
+//! connection, to one of [`WORKERS`] threads, which runs it (a shard
+//! round trip, a registry fsync; `control.rs`) and writes what of the
+//! answer the socket takes without waiting, then hands the connection
+//! back; the reactor writes the rest as the peer reads. A connection has
+//! one request at a time in a worker and is not read while an answer is
+//! unwritten, so answers keep the order of requests, and a peer that
+//! does not read its answers holds no worker.
 //!
 //! Limits (`daemon/CONTROL.md`, Connections):
 //! - A connection without a session must open one within
@@ -15,6 +18,8 @@
 //! - At most `max_sessions` + 64 connections in all, and with
 //!   `max_sessions_per_uid` set at most that + 8 of one uid: one past a
 //!   cap is answered `LIMIT` (never reset) and closed.
+//! - An answer the peer has not taken within [`WRITE_TIMEOUT`] ends the
+//!   connection (and its session).
 //! - A connection the daemon ends is shut down for writing and drained
 //!   for [`LINGER`], so that its peer reads the reason (closing a Unix
 //!   socket with unread input resets the peer, which may lose it).
@@ -22,6 +27,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -38,7 +44,7 @@ use crate::control::{self, Ctx, Open};
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an ended connection is drained before it is dropped.
 const LINGER: Duration = Duration::from_millis(100);
-/// How long a worker waits for room to write an answer (a peer that
+/// How long an answer may wait for its peer to read it (a peer that
 /// does not read its answers loses its connection).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Threads that run requests.
@@ -64,6 +70,50 @@ struct Conn {
     eof: bool,
     accepted: Instant,
     session: Option<Open>,
+    /// Answer bytes the socket has not taken yet, and since when.
+    out: Vec<u8>,
+    out_since: Option<Instant>,
+}
+
+impl Conn {
+    /// Queues `bytes` after any unwritten answer and writes what the
+    /// socket takes without waiting.
+    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.out.extend_from_slice(bytes);
+        self.flush()
+    }
+
+    /// Writes what of the unwritten answer the socket takes now.
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut done = 0;
+        let r = loop {
+            if done == self.out.len() {
+                break Ok(());
+            }
+            match (&self.stream).write(&self.out[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        self.out.drain(..done);
+        self.out_since = match self.out.is_empty() {
+            true => None,
+            false => self.out_since.or(Some(Instant::now())),
+        };
+        r
+    }
+
+    /// When it is ended unless it opens a session or its peer reads.
+    fn deadline(&self) -> Option<Instant> {
+        let handshake = match self.session {
+            None => Some(self.accepted + HANDSHAKE_TIMEOUT),
+            Some(_) => None,
+        };
+        let write = self.out_since.map(|t| t + WRITE_TIMEOUT);
+        handshake.into_iter().chain(write).min()
+    }
 }
 
 enum Slot {
@@ -77,11 +127,11 @@ enum Slot {
     },
 }
 
-/// What a worker is given.
-enum Job {
-    Request(Conn, Vec<u8>),
-    /// The peer closed a connection with a session: drop the session.
-    Hangup(Conn),
+/// What a worker is given: a request of the connection, or `None` for
+/// a connection that ended with a session (the session is dropped).
+struct Job {
+    conn: Conn,
+    request: Option<Vec<u8>>,
 }
 
 /// What a worker hands back with the connection.
@@ -116,6 +166,10 @@ struct Reactor {
     /// forgotten after [`BROKEN_KEPT`] (the connection is gone).
     broken: std::collections::HashMap<u64, (String, Instant)>,
     lingering: usize,
+    /// An accept failed for want of a resource (EMFILE and the like);
+    /// retried on each pass, as the edge-triggered listener may not
+    /// raise another event for connections already queued.
+    accept_pending: bool,
     jobs: Option<crossbeam_channel::Sender<(usize, Job)>>,
     done: crossbeam_channel::Receiver<(usize, Conn, Next)>,
     workers: Vec<std::thread::JoinHandle<()>>,
@@ -141,11 +195,10 @@ impl Reactor {
                 std::thread::Builder::new()
                     .name(format!("statord-control-{i}"))
                     .spawn(move || {
-                        for (slot, job) in rx {
-                            if let Some((c, next)) = work(&ctx, job) {
-                                let _ = tx.send((slot, c, next));
-                                let _ = waker.wake();
-                            }
+                        for (slot, Job { mut conn, request }) in rx {
+                            let next = run_job(&ctx, &mut conn, request);
+                            let _ = tx.send((slot, conn, next));
+                            let _ = waker.wake();
                         }
                     })?,
             );
@@ -156,6 +209,7 @@ impl Reactor {
             conns: Slab::new(),
             broken: Default::default(),
             lingering: 0,
+            accept_pending: false,
             jobs: Some(jobs),
             done,
             workers,
@@ -180,12 +234,16 @@ impl Reactor {
                 tracing::error!(error = %e, "polling the control socket failed");
                 std::thread::sleep(Duration::from_millis(100));
             }
+            let mut accept = std::mem::take(&mut self.accept_pending);
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept(listener),
+                    LISTENER => accept = true,
                     WAKER => {}
-                    Token(i) => self.readable(i),
+                    Token(i) => self.ready(i),
                 }
+            }
+            if accept {
+                self.accept(listener);
             }
             while let Ok((i, c, next)) = self.done.try_recv() {
                 match next {
@@ -202,7 +260,7 @@ impl Reactor {
                         self.conns[i] = Slot::Reading(c);
                         // Input that came while it was away raised no
                         // new event (edge-triggered).
-                        self.readable(i);
+                        self.ready(i);
                     }
                     Next::End => self.end(i, c),
                 }
@@ -240,15 +298,13 @@ impl Reactor {
     }
 
     /// Sends the reason a session broke and hangs up (slot `i` is Busy).
-    fn tell_broken(&mut self, i: usize, c: Conn, why: String) {
-        refuse(
-            &c.stream,
+    fn tell_broken(&mut self, i: usize, mut c: Conn, why: String) {
+        let _ = c.send(&refusal(
             0,
             status::QUEUE_BROKEN,
             format!("the session broke the queue protocol and is closed: {why}"),
-            Duration::ZERO,
-        );
-        self.dispatch(i, Job::Hangup(c));
+        ));
+        self.dispatch(i, Job { conn: c, request: None });
     }
 
     /// The connections still open, once the workers are done.
@@ -272,11 +328,7 @@ impl Reactor {
     fn next_deadline(&self) -> Option<Instant> {
         self.conns
             .iter()
-            .filter_map(|(_, s)| match s {
-                Slot::Reading(c) if c.session.is_none() => Some(c.accepted + HANDSHAKE_TIMEOUT),
-                Slot::Lingering { until, .. } => Some(*until),
-                Slot::Reading(_) | Slot::Busy => None,
-            })
+            .filter_map(|(_, s)| deadline(s))
             .min()
     }
 
@@ -287,8 +339,9 @@ impl Reactor {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    // EMFILE and the like: the next event retries.
+                    // EMFILE and the like: retried on the next pass.
                     tracing::error!(error = %e, "accept failed");
+                    self.accept_pending = true;
                     return;
                 }
             };
@@ -306,33 +359,38 @@ impl Reactor {
                     continue;
                 }
             };
-            if let Some((st, why)) = self.admit(uid) {
-                tracing::warn!(uid, "{why}; connection refused");
-                refuse(&stream, msg::OPEN, st, why, Duration::ZERO);
-                self.linger(stream);
-                continue;
-            }
-            let entry = self.conns.vacant_entry();
-            let i = entry.key();
+            let refused = self.admit(uid);
+            let i = self.conns.insert(Slot::Busy);
             if let Err(e) = self.poll.registry().register(
                 &mut SourceFd(&stream.as_raw_fd()),
                 Token(i),
-                Interest::READABLE,
+                Interest::READABLE | Interest::WRITABLE,
             ) {
                 tracing::error!(error = %e, "cannot poll a connection; dropped");
-                self.release(uid);
+                self.conns.remove(i);
+                if refused.is_none() {
+                    self.release(uid);
+                }
                 continue;
             }
-            entry.insert(Slot::Reading(Conn {
+            if let Some((st, why)) = refused {
+                tracing::warn!(uid, "{why}; connection refused");
+                let _ = (&stream).write(&refusal(msg::OPEN, st, why));
+                self.linger(i, stream);
+                continue;
+            }
+            self.conns[i] = Slot::Reading(Conn {
                 stream,
                 uid,
                 buf: Vec::new(),
                 eof: false,
                 accepted: Instant::now(),
                 session: None,
-            }));
+                out: Vec::new(),
+                out_since: None,
+            });
             // Bytes sent before the registration raised no event.
-            self.readable(i);
+            self.ready(i);
         }
     }
 
@@ -379,47 +437,73 @@ impl Reactor {
         control::give(&self.ctx.conns_per_uid, uid);
     }
 
-    /// Reads what connection `i` has sent and acts on it.
-    fn readable(&mut self, i: usize) {
-        enum Then {
-            Wait,
-            Run(Vec<u8>),
-            Ended,
-        }
-        let then = match self.conns.get_mut(i) {
-            None | Some(Slot::Busy) => Then::Wait,
+    /// Writes what connection `i` has unwritten, reads what it has sent
+    /// and acts on it.
+    fn ready(&mut self, i: usize) {
+        let frame = match self.conns.get_mut(i) {
+            None | Some(Slot::Busy) => return,
             Some(Slot::Lingering { stream, .. }) => {
                 if drained(stream) {
                     self.conns.remove(i);
                     self.lingering -= 1;
                 }
-                Then::Wait
+                return;
             }
-            Some(Slot::Reading(c)) => match read_request(c) {
-                Ok(Some(frame)) => Then::Run(frame),
-                Ok(None) if c.eof => Then::Ended,
-                Ok(None) => Then::Wait,
-                Err((st, why)) => {
-                    tracing::debug!(uid = c.uid, "{why}");
-                    let request = c.buf.get(4).copied().unwrap_or(0);
-                    refuse(&c.stream, request, st, why, Duration::ZERO);
-                    Then::Ended
+            Some(Slot::Reading(c)) => {
+                if c.flush().is_err() {
+                    c.eof = true;
+                    None
+                } else if !c.out.is_empty() {
+                    // The next request waits for the answer to go.
+                    return;
+                } else {
+                    match read_request(c) {
+                        Ok(Some(frame)) => Some(frame),
+                        Ok(None) if c.eof => None,
+                        Ok(None) => return,
+                        Err((st, why)) => {
+                            tracing::debug!(uid = c.uid, "{why}");
+                            let request = c.buf.get(4).copied().unwrap_or(0);
+                            let _ = c.send(&refusal(request, st, why));
+                            None
+                        }
+                    }
                 }
-            },
+            }
         };
-        let c = match then {
-            Then::Wait => return,
-            Then::Run(_) | Then::Ended => match std::mem::replace(&mut self.conns[i], Slot::Busy) {
-                Slot::Reading(c) => c,
-                Slot::Busy | Slot::Lingering { .. } => unreachable!("read above"),
-            },
-        };
-        match then {
-            Then::Run(frame) => self.dispatch(i, Job::Request(c, frame)),
-            // Its session (if any) is dropped by a worker first.
-            Then::Ended if c.session.is_some() => self.dispatch(i, Job::Hangup(c)),
-            Then::Ended => self.end(i, c),
-            Then::Wait => unreachable!("returned above"),
+        let c = self.take(i);
+        match frame {
+            Some(frame) => self.dispatch(
+                i,
+                Job {
+                    conn: c,
+                    request: Some(frame),
+                },
+            ),
+            None => self.hang_up(i, c),
+        }
+    }
+
+    /// Takes the connection out of reading slot `i` (it becomes Busy).
+    fn take(&mut self, i: usize) -> Conn {
+        match std::mem::replace(&mut self.conns[i], Slot::Busy) {
+            Slot::Reading(c) => c,
+            Slot::Busy | Slot::Lingering { .. } => unreachable!("slot {i} is not reading"),
+        }
+    }
+
+    /// Ends connection `i` (Busy), dropping its session first if it has
+    /// one.
+    fn hang_up(&mut self, i: usize, c: Conn) {
+        match c.session {
+            Some(_) => self.dispatch(
+                i,
+                Job {
+                    conn: c,
+                    request: None,
+                },
+            ),
+            None => self.end(i, c),
         }
     }
 
@@ -430,45 +514,33 @@ impl Reactor {
             .expect("workers run until the reactor ends");
         if let Err(crossbeam_channel::SendError((_, job))) = jobs.send((i, job)) {
             // No worker left (they never exit before the reactor): drop.
-            let c = match job {
-                Job::Request(c, _) | Job::Hangup(c) => c,
-            };
             self.conns.remove(i);
-            self.release(c.uid);
+            self.release(job.conn.uid);
         }
     }
 
-    /// A worker ended connection `i` after answering it.
-    fn end(&mut self, i: usize, c: Conn) {
-        self.conns.remove(i);
+    /// Ends connection `i` (Busy, its session dropped): what of its
+    /// answer the socket takes now is written, and it lingers.
+    fn end(&mut self, i: usize, mut c: Conn) {
+        let _ = c.flush();
         self.release(c.uid);
-        self.linger(c.stream);
+        self.linger(i, c.stream);
     }
 
-    /// Shuts `stream` down for writing and drains it for [`LINGER`].
-    fn linger(&mut self, stream: UnixStream) {
+    /// Shuts down for writing `stream`, polled as slot `i`, and drains it
+    /// for [`LINGER`] in that slot (or drops it now).
+    fn linger(&mut self, i: usize, stream: UnixStream) {
         let _ = stream.shutdown(std::net::Shutdown::Write);
         if self.lingering >= MAX_LINGERING || drained(&stream) {
+            // Closing the last descriptor takes it out of the epoll set.
+            self.conns.remove(i);
             return;
         }
-        let entry = self.conns.vacant_entry();
-        let i = entry.key();
-        if self
-            .poll
-            .registry()
-            .register(
-                &mut SourceFd(&stream.as_raw_fd()),
-                Token(i),
-                Interest::READABLE,
-            )
-            .is_ok()
-        {
-            entry.insert(Slot::Lingering {
-                stream,
-                until: Instant::now() + LINGER,
-            });
-            self.lingering += 1;
-        }
+        self.conns[i] = Slot::Lingering {
+            stream,
+            until: Instant::now() + LINGER,
+        };
+        self.lingering += 1;
     }
 
     /// Ends connections past their deadline.
@@ -476,31 +548,37 @@ impl Reactor {
         let late: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, s)| match s {
-                Slot::Reading(c) => c.session.is_none() && now >= c.accepted + HANDSHAKE_TIMEOUT,
-                Slot::Lingering { until, .. } => now >= *until,
-                Slot::Busy => false,
-            })
+            .filter(|(_, s)| deadline(s).is_some_and(|d| now >= d))
             .map(|(i, _)| i)
             .collect();
         for i in late {
-            match self.conns.remove(i) {
-                Slot::Reading(c) => {
-                    tracing::debug!(uid = c.uid, "control connection opened no session in time");
-                    refuse(
-                        &c.stream,
-                        0,
-                        status::BAD_REQUEST,
-                        format!("no session opened within {HANDSHAKE_TIMEOUT:?} of connecting"),
-                        Duration::ZERO,
-                    );
-                    self.release(c.uid);
-                    self.linger(c.stream);
-                }
-                Slot::Lingering { .. } => self.lingering -= 1,
-                Slot::Busy => unreachable!("filtered above"),
+            if let Slot::Lingering { .. } = self.conns[i] {
+                self.conns.remove(i);
+                self.lingering -= 1;
+                continue;
             }
+            let mut c = self.take(i);
+            if c.out.is_empty() {
+                tracing::debug!(uid = c.uid, "control connection opened no session in time");
+                let _ = c.send(&refusal(
+                    0,
+                    status::BAD_REQUEST,
+                    format!("no session opened within {HANDSHAKE_TIMEOUT:?} of connecting"),
+                ));
+            } else {
+                tracing::debug!(uid = c.uid, "control connection did not read its answer in time");
+            }
+            self.hang_up(i, c);
         }
+    }
+}
+
+/// When the connection in a slot is ended (or, lingering, dropped).
+fn deadline(s: &Slot) -> Option<Instant> {
+    match s {
+        Slot::Reading(c) => c.deadline(),
+        Slot::Lingering { until, .. } => Some(*until),
+        Slot::Busy => None,
     }
 }
 
@@ -577,34 +655,8 @@ fn drained(mut s: &UnixStream) -> bool {
     }
 }
 
-/// Writes all of `bytes` to a non-blocking `s`, waiting for room at most
-/// `wait` in all.
-fn write_all(mut s: &UnixStream, mut bytes: &[u8], wait: Duration) -> std::io::Result<()> {
-    let deadline = Instant::now() + wait;
-    while !bytes.is_empty() {
-        match s.write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(ErrorKind::TimedOut.into());
-                }
-                let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
-                let mut pfd = [nix::poll::PollFd::new(
-                    s.as_fd(),
-                    nix::poll::PollFlags::POLLOUT,
-                )];
-                let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(ms));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Answers `request` with an `Error` frame (best effort).
-fn refuse(s: &UnixStream, request: u8, st: i32, message: impl Into<String>, wait: Duration) {
+/// An `Error` frame answering `request`.
+fn refusal(request: u8, st: i32, message: impl Into<String>) -> Vec<u8> {
     let mut out = Vec::new();
     Response::Error {
         request,
@@ -612,38 +664,36 @@ fn refuse(s: &UnixStream, request: u8, st: i32, message: impl Into<String>, wait
         message: message.into(),
     }
     .encode(&mut out);
-    let _ = write_all(s, &out, wait);
+    out
 }
 
-/// Runs a job on a worker thread; the connection back, unless it is gone.
-fn work(ctx: &Ctx, job: Job) -> Option<(Conn, Next)> {
-    match job {
-        Job::Hangup(mut c) => {
-            if let Some(o) = c.session.take() {
-                control::close(ctx, &o);
-            }
-            Some((c, Next::End))
-        }
-        Job::Request(mut c, frame) => {
-            let next = answer(ctx, &mut c, &frame);
-            if matches!(next, Next::End)
-                && let Some(o) = c.session.take()
-            {
-                control::close(ctx, &o);
-            }
-            Some((c, next))
-        }
+/// Runs a job on a worker thread: what becomes of the connection. A
+/// panic ends the connection (its session dropped) and nothing else.
+fn run_job(ctx: &Ctx, c: &mut Conn, request: Option<Vec<u8>>) -> Next {
+    let next = catch_unwind(AssertUnwindSafe(|| match request {
+        Some(frame) => answer(ctx, c, &frame),
+        None => Next::End,
+    }))
+    .unwrap_or_else(|_| {
+        tracing::error!(uid = c.uid, "a control request panicked; its connection is closed");
+        Next::End
+    });
+    if let Next::End = next
+        && let Some(o) = c.session.take()
+        && catch_unwind(AssertUnwindSafe(|| control::close(ctx, &o))).is_err()
+    {
+        tracing::error!(session = o.id, "closing a session panicked");
     }
+    next
 }
 
-/// Runs one request of `c` and writes its answer.
+/// Runs one request of `c` and queues its answer.
 fn answer(ctx: &Ctx, c: &mut Conn, frame: &[u8]) -> Next {
-    let s = &c.stream;
     let req = match Request::decode(frame) {
         Ok(r) => r,
         Err(e) => {
             let first = frame.first().copied().unwrap_or(0);
-            refuse(s, first, status::BAD_REQUEST, e.to_string(), WRITE_TIMEOUT);
+            let _ = c.send(&refusal(first, status::BAD_REQUEST, e.to_string()));
             return Next::End;
         }
     };
@@ -683,7 +733,7 @@ fn answer(ctx: &Ctx, c: &mut Conn, frame: &[u8]) -> Next {
                 // buffer holds it: a send that would block is a peer
                 // that filled it with requests it never reads answers to.
                 let sent = send_fds(
-                    s,
+                    &c.stream,
                     &out,
                     &[
                         fds.memfd.as_fd(),
@@ -716,21 +766,19 @@ fn answer(ctx: &Ctx, c: &mut Conn, frame: &[u8]) -> Next {
                 control::close(ctx, &o);
             }
             Response::Closed.encode(&mut out);
-            let _ = write_all(s, &out, WRITE_TIMEOUT);
+            let _ = c.send(&out);
             return Next::End;
         }
     };
-    match r {
+    let sent = match r {
         Ok(resp) => {
             resp.encode(&mut out);
-            match write_all(s, &out, WRITE_TIMEOUT) {
-                Ok(()) => Next::Keep,
-                Err(_) => Next::End,
-            }
+            c.send(&out)
         }
-        Err((st, m)) => {
-            refuse(s, request, st, m, WRITE_TIMEOUT);
-            Next::Keep
-        }
+        Err((st, m)) => c.send(&refusal(request, st, m)),
+    };
+    match sent {
+        Ok(()) => Next::Keep,
+        Err(_) => Next::End,
     }
 }

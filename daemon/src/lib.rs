@@ -242,14 +242,20 @@ impl Daemon {
     /// [`Config::reload`]) and returns the changed keys that wait for a
     /// restart. Sessions opened from now on get the new limits.
     pub fn reload(&self, new: &Config) -> Vec<&'static str> {
-        let mut cur = self.ctx.cfg.write().unwrap_or_else(|p| p.into_inner());
-        let (run, restart) = cur.reload(new);
+        let (max_states_per_job, restart) = {
+            let mut cur = self.ctx.cfg.write().unwrap_or_else(|p| p.into_inner());
+            let (run, restart) = cur.reload(new);
+            let max = run.max_states_per_job;
+            *cur = Arc::new(run);
+            (max, restart)
+        };
+        // Not under the configuration's lock: a registration holds the
+        // registry's lock and may read the configuration.
         self.ctx
             .registry
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .set_max_states_per_job(run.max_states_per_job);
-        *cur = Arc::new(run);
+            .set_max_states_per_job(max_states_per_job);
         restart
     }
 
