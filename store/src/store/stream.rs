@@ -113,10 +113,12 @@ impl Cursor {
             }
             let (loff, llen) = self.seg.index.block(last - 1);
             let len = (loff + llen as u64 - off) as usize;
-            // Nor more bytes ahead (read or being read) than the window's
-            // worth of target-size blocks, once anything is.
+            // Nor more bytes held (being read, or read and not yet let
+            // go) than the window's worth of target-size blocks plus the
+            // read being consumed, once anything is: the next read starts
+            // while the last is parsed (with `max_reads` 1 it would wait).
             let ahead = self.bytes_in_flight + self.in_use.iter().map(|b| b.len()).sum::<usize>();
-            if ahead > 0 && ahead + len > cap * self.max_reads {
+            if ahead > 0 && ahead + len > cap * (self.max_reads + 1) {
                 return;
             }
             self.next_read = last;
