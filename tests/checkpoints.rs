@@ -466,7 +466,8 @@ fn portable_snapshots_stream_rescale_migrate_and_refuse_bad_chunks() {
 /// stays restorable until the engine says it is subsumed (a COMPLETE used
 /// to delete every older checkpoint of the operator at once); one that
 /// never completed goes when a newer one completes; `retained_checkpoints`
-/// bounds an engine that never subsumes. Retained ones survive a restart.
+/// bounds an engine that never subsumes; a COMPLETE for an id the store
+/// never took deletes nothing. Retained ones survive a restart.
 #[test]
 fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
     let tmp = tempfile::tempdir().unwrap();
@@ -534,6 +535,15 @@ fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
         &handles[1],
         "a completed checkpoint past retained_checkpoints",
     );
+    for h in [&handles[2], &h5, &h6] {
+        s.restore(&[h]).unwrap();
+    }
+    // A COMPLETE for a checkpoint the store never took (a savepoint the
+    // engine took elsewhere, a stray id) deletes nothing: 7 stays pending
+    // and restorable.
+    let h7 = checkpoint(&mut s, 7);
+    notify(&mut s, 99, Notify::Complete);
+    s.restore(&[&h7]).unwrap();
     for h in [&handles[2], &h5, &h6] {
         s.restore(&[h]).unwrap();
     }

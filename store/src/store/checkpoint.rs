@@ -684,8 +684,8 @@ impl<I: Io> Store<I> {
     }
 
     /// The engine's word on checkpoint `checkpoint_id` of `owner`.
-    /// `Complete` marks it completed and deletes the owner's older
-    /// checkpoints that never completed (an engine that completed a newer
+    /// `Complete` (of one the store holds; otherwise nothing happens)
+    /// marks it completed and deletes the owner's older checkpoints that never completed (an engine that completed a newer
     /// one never completes them: Flink aborts them) and, past
     /// `retained_checkpoints` completed ones, the oldest completed. Older
     /// completed checkpoints otherwise stay restorable until the engine
@@ -694,6 +694,17 @@ impl<I: Io> Store<I> {
     pub fn checkpoint_notify(&mut self, owner: &[u8], checkpoint_id: u64, kind: Notify) -> usize {
         let mine = |r: &Retained| r.owner == owner;
         let doomed: Vec<u64> = match kind {
+            // One the store never took (or already deleted) says nothing
+            // about the others: a stray id must not delete pending ones.
+            Notify::Complete
+                if !self
+                    .ckpt
+                    .retained
+                    .values()
+                    .any(|r| mine(r) && r.checkpoint_id == checkpoint_id) =>
+            {
+                Vec::new()
+            }
             Notify::Complete => {
                 for (seq, r) in self.ckpt.retained.iter_mut() {
                     if mine(r) && r.checkpoint_id == checkpoint_id && !r.completed {
