@@ -654,7 +654,10 @@ fn clients_that_do_not_read_their_answers_hold_no_worker() {
     let deadline = Instant::now() + Duration::from_secs(60);
     for s in &deaf {
         let mut p = [PollFd::new(s.as_fd(), PollFlags::empty())];
-        while !p[0].revents().is_some_and(|r| r.contains(PollFlags::POLLHUP)) {
+        while !p[0]
+            .revents()
+            .is_some_and(|r| r.contains(PollFlags::POLLHUP))
+        {
             assert!(Instant::now() < deadline, "a deaf connection was kept");
             poll(&mut p, PollTimeout::from(100u8)).unwrap();
         }

@@ -304,7 +304,13 @@ impl Reactor {
             status::QUEUE_BROKEN,
             format!("the session broke the queue protocol and is closed: {why}"),
         ));
-        self.dispatch(i, Job { conn: c, request: None });
+        self.dispatch(
+            i,
+            Job {
+                conn: c,
+                request: None,
+            },
+        );
     }
 
     /// The connections still open, once the workers are done.
@@ -326,10 +332,7 @@ impl Reactor {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.conns
-            .iter()
-            .filter_map(|(_, s)| deadline(s))
-            .min()
+        self.conns.iter().filter_map(|(_, s)| deadline(s)).min()
     }
 
     fn accept(&mut self, listener: &UnixListener) {
@@ -566,7 +569,10 @@ impl Reactor {
                     format!("no session opened within {HANDSHAKE_TIMEOUT:?} of connecting"),
                 ));
             } else {
-                tracing::debug!(uid = c.uid, "control connection did not read its answer in time");
+                tracing::debug!(
+                    uid = c.uid,
+                    "control connection did not read its answer in time"
+                );
             }
             self.hang_up(i, c);
         }
@@ -675,7 +681,10 @@ fn run_job(ctx: &Ctx, c: &mut Conn, request: Option<Vec<u8>>) -> Next {
         None => Next::End,
     }))
     .unwrap_or_else(|_| {
-        tracing::error!(uid = c.uid, "a control request panicked; its connection is closed");
+        tracing::error!(
+            uid = c.uid,
+            "a control request panicked; its connection is closed"
+        );
         Next::End
     });
     if let Next::End = next

@@ -166,6 +166,42 @@ fn torn_segment_is_deleted_and_reported_and_older_ones_survive() {
     }
 }
 
+/// A complete segment whose footer page was damaged looks cut off (bad
+/// footer magic), but no write a crash cut off can be older than a
+/// complete segment: it is set aside as evidence, not deleted.
+#[test]
+fn a_damaged_footer_on_an_older_segment_is_kept_not_deleted() {
+    use std::os::unix::fs::FileExt;
+    let d = tempfile::tempdir().unwrap();
+    build(d.path(), 500);
+    {
+        let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+        for i in 1000..1500 {
+            run(&mut s, Op::Put(kr(&k(i)), &[1; 64])).unwrap();
+        }
+        s.flush();
+        settle_fully(&mut s);
+    }
+    let segs = segments(d.path());
+    assert_eq!(segs.len(), 2);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segs[0])
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    f.write_all_at(&[0; 4096], len - 4096).unwrap();
+    drop(f);
+    let (_s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert!(rep.torn_removed.is_empty(), "{rep:?}");
+    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+    assert!(rep.torn[0].0.exists(), "{rep:?}");
+    // And at the next open, still kept.
+    drop(_s);
+    let (_s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert!(rep.torn_removed.is_empty(), "{rep:?}");
+    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+}
+
 #[test]
 fn torn_write_at_a_crash_loses_nothing_flushed_before() {
     let d = tempfile::tempdir().unwrap();

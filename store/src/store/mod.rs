@@ -620,7 +620,25 @@ impl<I: Io> Store<I> {
             if let Some((o, g)) = segment::parse_file_name(&name) {
                 found.push((o, g, e.path()));
             } else if let Some(was) = segment::parse_torn_file_name(&name) {
-                torn.push((e.path(), was, "set aside at an earlier open".into(), true));
+                // Set aside by an earlier open (or version): checked again,
+                // so that only a cut-off write may go.
+                let (why, incomplete) = match Self::open_segment(
+                    &mut io,
+                    &e.path(),
+                    0,
+                    &mut Vec::new(),
+                ) {
+                    Ok(seg) => {
+                        io.close(seg.file);
+                        ("set aside at an earlier open".to_string(), false)
+                    }
+                    Err(e) => {
+                        let incomplete =
+                            matches!(&e, StoreError::Corrupt { what, .. } if what.contains("torn"));
+                        (format!("set aside at an earlier open: {e}"), incomplete)
+                    }
+                };
+                torn.push((e.path(), was, why, incomplete));
             }
         }
         found.sort();
@@ -682,13 +700,26 @@ impl<I: Io> Store<I> {
         let (kg_deletes, imports, mut rewrite) = load_layers(&cfg.dir)?;
         // An incomplete segment nothing names (no retained checkpoint, no
         // restored layer) is deleted, or every crash under systemd's
-        // Restart=on-failure would leak a segment's worth of disk. One
-        // something names (which then fails clearly), and a corrupt one
-        // (complete, with a bad checksum: evidence of the disk), is set
-        // aside.
+        // Restart=on-failure would leak a segment's worth of disk, but only
+        // where a write a crash cut off can be: newer than every complete
+        // segment (a flush), or a compaction's output whose newest input
+        // is still there. One something names (which then fails clearly),
+        // a corrupt one (complete, with a bad checksum: evidence of the
+        // disk), and one of the right shape in the wrong place (a complete
+        // segment whose footer was damaged looks cut off) are set aside.
+        let newest = segs.iter().map(|s| s.footer.order).max();
+        let in_flight = |was: &str| {
+            segment::parse_file_name(was).is_some_and(|(o, g)| {
+                newest.is_none_or(|n| o > n)
+                    || (g > 0
+                        && segs
+                            .iter()
+                            .any(|s| s.footer.order == o && s.footer.generation < g))
+            })
+        };
         for (path, was, why, incomplete) in torn {
             let named = ckpt.pinned(&was) || imports.iter().any(|imp| imp.name == was);
-            if incomplete && !named {
+            if incomplete && !named && in_flight(&was) {
                 let _ = std::fs::remove_file(&path);
                 report.torn_removed.push((path, why));
             } else if path.file_name().is_some_and(|n| *n == *was) {
