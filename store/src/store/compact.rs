@@ -40,7 +40,7 @@ impl<I: Io> Store<I> {
                 break;
             }
         }
-        // A backlog (past 3t layers: many restores, an outage) is merged
+        // A backlog (3t layers or more: many restores, an outage) is merged
         // many at once, up to [`MAX_COMPACT_INPUTS`], so it shrinks in a
         // few compactions rather than one per three layers, and reads and
         // restarts stop paying for every layer: a window of similar sizes
