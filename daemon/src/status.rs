@@ -885,10 +885,13 @@ impl Collector for Gathered {
             &mut e,
             "disk_space_amplification",
             "Bytes under data_dir per byte of live layers: what retained checkpoints pin, superseded files not yet deleted, registry and markers (1 = nothing but the live state)",
+            // The directory and the shards' counts are read at different
+            // instants (a compaction between them moves bytes): never
+            // below the live state itself.
             if live == 0 {
                 1.0
             } else {
-                self.data_dir_bytes as f64 / live as f64
+                (self.data_dir_bytes as f64 / live as f64).max(1.0)
             },
         )?;
         gauge(
