@@ -582,6 +582,14 @@ fn corrupt(seg: &Segment, offset: u64, what: &'static str) -> StoreError {
     }
 }
 
+/// Whether a segment failed its checks the way a write a crash cut off
+/// fails them (short, not whole pages, no footer), not with a bad
+/// checksum; a complete file whose footer page was damaged looks the same,
+/// so `Store::open` also asks where the file sits.
+fn cut_off(e: &StoreError) -> bool {
+    matches!(e, StoreError::Corrupt { what, .. } if what.contains("torn"))
+}
+
 impl<I: Io> Store<I> {
     /// Opens (or creates) the store in `cfg.dir`, recovering every segment
     /// that was completely written and setting aside torn ones.
@@ -622,22 +630,14 @@ impl<I: Io> Store<I> {
             } else if let Some(was) = segment::parse_torn_file_name(&name) {
                 // Set aside by an earlier open (or version): checked again,
                 // so that only a cut-off write may go.
-                let (why, incomplete) = match Self::open_segment(
-                    &mut io,
-                    &e.path(),
-                    0,
-                    &mut Vec::new(),
-                ) {
-                    Ok(seg) => {
-                        io.close(seg.file);
-                        ("set aside at an earlier open".to_string(), false)
-                    }
-                    Err(e) => {
-                        let incomplete =
-                            matches!(&e, StoreError::Corrupt { what, .. } if what.contains("torn"));
-                        (format!("set aside at an earlier open: {e}"), incomplete)
-                    }
-                };
+                let (why, incomplete) =
+                    match Self::open_segment(&mut io, &e.path(), 0, &mut Vec::new()) {
+                        Ok(seg) => {
+                            io.close(seg.file);
+                            ("set aside at an earlier open".to_string(), false)
+                        }
+                        Err(e) => (format!("set aside at an earlier open: {e}"), cut_off(&e)),
+                    };
                 torn.push((e.path(), was, why, incomplete));
             }
         }
@@ -661,7 +661,7 @@ impl<I: Io> Store<I> {
                         {
                             return Err(e);
                         }
-                        StoreError::Corrupt { what, .. } => what.contains("torn"),
+                        StoreError::Corrupt { .. } => cut_off(&e),
                         _ => return Err(e),
                     };
                     let name = path.file_name().map(|n| n.to_string_lossy().to_string());
