@@ -87,15 +87,17 @@ fn dying_client() {
         let f = common::open_frame("dying", 0, 1);
         let mut sock = std::os::unix::net::UnixStream::connect(&socket).unwrap();
         sock.write_all(&f[..f.len() / 2]).unwrap();
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-        }
+        std::thread::sleep(Duration::from_secs(30));
+        return;
     }
     let mut s = Session::open(&socket, &small("dying")).unwrap();
     let st = ValueState(s.register("v", Kind::Value).unwrap());
     let (lo, _) = s.key_groups();
     let mut id = 0;
-    loop {
+    // The soak kills this child within a second; one left behind by a
+    // failed soak ends by itself.
+    let born = Instant::now();
+    while born.elapsed() < Duration::from_secs(30) {
         let k = r.below(KEYS).to_be_bytes();
         let put = st.put(lo, &k, &[7; 200]);
         let req = match r.below(2048) {

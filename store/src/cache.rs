@@ -200,10 +200,14 @@ impl BlockCache {
             return;
         }
         let size = b.memory_bytes();
-        // Room that evicting every cached block would not make (reads in
-        // flight hold the budget): evicting would only empty the cache,
-        // block after block, for a block left out anyway.
+        // Reads in flight hold the whole budget: no eviction makes room
+        // for the block, which is left out; the cached blocks still give
+        // way to the reads' buffers (a step at a time), or the daemon
+        // would hold the budget twice over.
         if self.lent + size > self.budget {
+            self.spare.clear();
+            self.spare_bytes = 0;
+            self.trim();
             return;
         }
         if self.lent + self.spare_bytes + size > self.budget {
@@ -536,17 +540,24 @@ mod tests {
     }
 
     /// With reads in flight holding the whole budget, an insert leaves its
-    /// block out and evicts nothing (it used to empty the cache for it).
+    /// block out, and the cached blocks make way for the reads' buffers a
+    /// step at a time (keeping them held the budget twice over: the
+    /// hostile soak's daemon passed its budget + 64 MiB).
     #[test]
-    fn reads_holding_the_budget_do_not_empty_the_cache() {
+    fn reads_holding_the_budget_leave_the_block_out_and_take_the_room() {
         let size = block(0).memory_bytes();
         let mut c = BlockCache::new(8 * size);
         for i in 0..4 {
             c.insert(1, i, block(i));
         }
+        c.lent = 7 * size;
+        c.insert(1, 98, block(98));
+        assert!(c.peek_entry(1, 98).is_some(), "one block still fits");
+        assert_eq!(c.map.len(), 1);
         c.lent = 8 * size;
         c.insert(1, 99, block(99));
         assert!(c.peek_entry(1, 99).is_none());
-        assert_eq!(c.map.len(), 4);
+        assert_eq!((c.map.len(), c.bytes()), (0, c.lent));
+        consistent(&c);
     }
 }
