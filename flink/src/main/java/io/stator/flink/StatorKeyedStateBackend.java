@@ -38,6 +38,7 @@ import org.apache.flink.runtime.state.KeyedStateHandle;
 import org.apache.flink.runtime.state.PriorityComparable;
 import org.apache.flink.runtime.state.RegisteredKeyValueStateBackendMetaInfo;
 import org.apache.flink.runtime.state.SavepointResources;
+import org.apache.flink.runtime.state.SavepointSnapshotStrategy;
 import org.apache.flink.runtime.state.SnapshotExecutionType;
 import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.SnapshotStrategyRunner;
@@ -551,6 +552,20 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
             @Nonnull CheckpointStreamFactory streamFactory,
             @Nonnull CheckpointOptions checkpointOptions)
             throws Exception {
+        if (checkpointOptions.getCheckpointType().isSavepoint()) {
+            // A native-format savepoint (Flink sends canonical ones to savepoint()) is written
+            // like a canonical one, self-contained in Flink's streams. As a statord checkpoint
+            // it would not be safe: Flink never tells a backend that a savepoint completed or
+            // was dropped, so the next completed checkpoint deleted it as never completed (or
+            // it was kept forever), and it would be bound to this host's statord.
+            SavepointResources<K> r = savepoint();
+            return new SnapshotStrategyRunner<>(
+                            "Stator savepoint",
+                            new SavepointSnapshotStrategy<>(r.getSnapshotResources()),
+                            cancelStreamRegistry,
+                            r.getPreferredSnapshotExecutionType())
+                    .snapshot(checkpointId, timestamp, streamFactory, checkpointOptions);
+        }
         if (states.isEmpty()) {
             // Nothing to keep: an empty snapshot, as Flink's own backends return.
             return org.apache.flink.runtime.state.DoneFuture.of(SnapshotResult.empty());

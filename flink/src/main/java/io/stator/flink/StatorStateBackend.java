@@ -1,6 +1,7 @@
 package io.stator.flink;
 
 import org.apache.flink.configuration.ReadableConfig;
+import org.apache.flink.core.execution.SavepointFormatType;
 import org.apache.flink.runtime.state.AbstractKeyedStateBackend;
 import org.apache.flink.runtime.state.AbstractStateBackend;
 import org.apache.flink.runtime.state.ConfigurableStateBackend;
@@ -114,6 +115,13 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
     public boolean supportsNoClaimRestoreMode() {
         // statord reference-counts segments: a new job's checkpoints never depend on the files
         // of the checkpoint it started from being kept.
+        return true;
+    }
+
+    @Override
+    public boolean supportsSavepointFormat(SavepointFormatType formatType) {
+        // Both: a native-format savepoint is written in the canonical format (see
+        // StatorKeyedStateBackend#snapshot). Refusing it made Flink fail the job over.
         return true;
     }
 

@@ -39,7 +39,8 @@ import static org.assertj.core.api.Assertions.assertThat;
  * Real Flink jobs (MiniCluster) on Stator against a real statord, each compared with the same
  * job on Flink's HashMap backend: every state kind and a session-window aggregation through an
  * injected failure; rescales 2 -> 3 -> 2 from retained checkpoints (through their _metadata);
- * savepoint migration HashMap -> Stator -> RocksDB; and statord killed under a running job.
+ * savepoint migration HashMap -> Stator -> RocksDB; a native savepoint outliving later
+ * checkpoints; and statord killed under a running job.
  */
 class StatorJobITCase {
 
@@ -196,6 +197,30 @@ class StatorJobITCase {
         Configuration r = config("rocksdb", statord, run);
         r.set(StateRecoveryOptions.SAVEPOINT_PATH, sp2);
         run(r, run, -1, -1, 2).getJobExecutionResult().get();
+        assertLikeReference(run);
+    }
+
+    /**
+     * A native-format savepoint is taken (Flink failed the job over when the backend refused the
+     * format) and stays restorable after later checkpoints complete and its job is cancelled
+     * (Flink never notifies a savepoint's completion: a statord checkpoint kept for it would be
+     * deleted by the next completed checkpoint).
+     */
+    @Test
+    void aNativeSavepointOutlivesLaterCheckpointsAndItsJob() throws Exception {
+        String run = "native-savepoint";
+        Configuration a = config(STATOR, statord, run);
+        a.setString(StatorOptions.JOB.key(), "native-savepoint-test");
+        JobClient j = run(a, run, RECORDS / 2, -1, 2);
+        awaitProcessed(run, RECORDS / 2);
+        String sp = j.triggerSavepoint(dir.resolve("savepoints").toUri().toString(), SavepointFormatType.NATIVE).get();
+        awaitCheckpoint(run, j.getJobID());
+        cancel(j);
+        Configuration b = config(STATOR, statord, run);
+        b.setString(StatorOptions.JOB.key(), "native-savepoint-test");
+        b.set(StateRecoveryOptions.SAVEPOINT_PATH, sp);
+        b.set(RestartStrategyOptions.RESTART_STRATEGY, "none");
+        run(b, run, -1, -1, 3).getJobExecutionResult().get();
         assertLikeReference(run);
     }
 
