@@ -1564,7 +1564,19 @@ fn checkpoint_op(
             _ => return Some(Cqe::status(v.user_data, Status::BadArgument)),
         };
         store.checkpoint_notify(owner, v.arg, kind);
-        return Some(Cqe::status(v.user_data, Status::Ok));
+        // Answered once a completion is durable (its marker, written in
+        // the store's background); at once otherwise.
+        let tok = pending.insert(Pending {
+            t0: Instant::now(),
+            session: sid,
+            user_data: v.user_data,
+            op: v.op,
+            out: Out::None,
+            arg: v.arg,
+        });
+        store.when_marked(tok as u64);
+        *in_flight += 1;
+        return None;
     }
     let out = match take_out(ring, &v) {
         Ok(o) => o,

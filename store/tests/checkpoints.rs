@@ -15,7 +15,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Owned, checkpoint, export_chunks, import_chunks, run, settle_fully};
+use common::{Owned, checkpoint, export_chunks, import_chunks, notify, run, settle_fully};
 use proptest::prelude::*;
 use stator_store::io::{Io, SyncIo, UringIo};
 use stator_store::ops::encode_element;
@@ -298,7 +298,7 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
                 });
                 match then {
                     0 => {
-                        s.checkpoint_notify(OWNERS[o], id, Notify::Complete);
+                        notify(&mut s, OWNERS[o], id, Notify::Complete).unwrap();
                         ckpts.last_mut().unwrap().completed = true;
                         // Retention 2: the owner's checkpoints older than
                         // its second-newest completed one are deleted, and

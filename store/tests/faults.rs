@@ -720,3 +720,76 @@ fn failing_flushes_leave_writes_their_room_and_a_clear_refusal() {
     assert!(e.to_string().contains("disk is full"), "{e}");
     assert_eq!(s.stats().write_stalls, 0);
 }
+
+/// A checkpoint's completion marker goes through the I/O layer: a failed
+/// fsync of it is reported to the notification's waiter and as a
+/// background error (it was made with `std::fs` on the caller's thread,
+/// beyond the fault injector, and its result ignored) and retried, and
+/// after a restart the checkpoint is still completed: a newer one's
+/// completion does not delete it as never completed, and it restores.
+#[test]
+fn a_failed_completion_marker_is_reported_and_retried() {
+    use stator_store::{CheckpointSpec, Notify, RestoreSpec};
+
+    const OWNER: &[u8] = b"job\0op";
+    let spec = |id| CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: 15,
+        states: vec![1],
+        meta: Vec::new(),
+    };
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
+    for i in 0..100 {
+        run(&mut s, Op::Put(kr(&k(i)), &[1; 64])).unwrap();
+    }
+    let h1 = common::checkpoint(&mut s, spec(1)).unwrap();
+    settle_fully(&mut s);
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::FsyncEio,
+        sticky: false,
+    }));
+    let err = common::notify(&mut s, OWNER, 1, Notify::Complete)
+        .expect_err("the acknowledgement carries the failure");
+    assert!(err.to_string().contains(".complete"), "{err}");
+    assert_eq!(
+        s.io().injected,
+        1,
+        "the marker's fsync went through the I/O layer"
+    );
+    let err = s
+        .stats()
+        .last_background_error
+        .expect("the failure is reported");
+    assert!(err.to_string().contains(".complete"), "{err}");
+    settle_fully(&mut s);
+    assert_eq!(s.stats().background_failures, 1, "retried, then durable");
+    drop(s);
+
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    for i in 0..100 {
+        run(&mut s, Op::Put(kr(&k(i)), &[2; 64])).unwrap();
+    }
+    common::checkpoint(&mut s, spec(2)).unwrap();
+    assert_eq!(
+        s.checkpoint_notify(OWNER, 2, Notify::Complete),
+        0,
+        "checkpoint 1 is remembered as completed"
+    );
+    let restore = RestoreSpec {
+        owner: OWNER,
+        lo: 0,
+        hi: 15,
+        states: &[1],
+    };
+    s.restore(restore, &[h1.as_slice()]).unwrap();
+    for i in 0..100 {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![1; 64]))
+        );
+    }
+}

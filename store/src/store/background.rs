@@ -154,6 +154,7 @@ impl<I: Io> Store<I> {
                 TAG_CKPT_WRITE | TAG_CKPT_SYNC | TAG_CKPT_DIR_SYNC => {
                     self.checkpoint_io_done(t, v as usize, c.result)
                 }
+                TAG_MARKER_SYNC | TAG_MARKER_DIR_SYNC => self.marker_io_done(t, v, c.result),
                 TAG_EXPORT_READ => self.export_read_done(v, c),
                 tier::TAG_CACHE_WRITE => self.writeback_done(v as usize, c.result),
                 TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c),
@@ -232,6 +233,7 @@ impl<I: Io> Store<I> {
             self.step_compaction();
         }
         self.step_checkpoints();
+        self.step_markers();
         self.cache.trim();
         self.reap_retired();
         self.maybe_evict();

@@ -146,6 +146,15 @@ pub(super) struct Checkpoints {
     pins: HashMap<String, u32>,
     next_seq: u64,
     pending: Slab<Pending>,
+    /// Completed checkpoints whose marker is not durable yet, in order
+    /// (see `markers.rs`).
+    pub(super) markers: VecDeque<u64>,
+    pub(super) marker: Option<super::markers::MarkerIo>,
+    /// Markers queued and settled since open; waiters for the markers
+    /// queued before them: `(markers_queued then, token)`.
+    pub(super) markers_queued: u64,
+    pub(super) markers_done: u64,
+    pub(super) marker_waiters: Vec<(u64, u64)>,
 }
 
 impl Checkpoints {
@@ -210,6 +219,11 @@ impl Checkpoints {
         }
         report.manifests = c.retained.len();
         Ok(c)
+    }
+
+    /// Whether manifest `seq` is retained.
+    pub(super) fn holds(&self, seq: u64) -> bool {
+        self.retained.contains_key(&seq)
     }
 
     fn add(&mut self, seq: u64, r: Retained) {
@@ -445,6 +459,7 @@ impl<I: Io> Store<I> {
     /// waits for finished).
     pub(super) fn checkpoint_runnable(&self) -> bool {
         self.tier.as_ref().is_some_and(|t| t.progress)
+            || self.marker_runnable()
             || self
                 .ckpt
                 .pending
@@ -708,16 +723,12 @@ impl<I: Io> Store<I> {
             Notify::Complete => {
                 for (seq, r) in self.ckpt.retained.iter_mut() {
                     if mine(r) && r.checkpoint_id == checkpoint_id && !r.completed {
+                        // Remembered across restarts, and on the remote
+                        // tier for another host, by a marker file made
+                        // durable in the background.
                         r.completed = true;
-                        // Remembered across restarts (an empty marker file;
-                        // without it a manifest found at open is pending),
-                        // and on the remote tier for another host.
-                        let marker = manifest::completed_name(*seq);
-                        let path = self.cfg.dir.join(&marker);
-                        let made = std::fs::File::create(&path).and_then(|f| f.sync_all());
-                        if let (Ok(()), Some(t)) = (made, self.tier.as_mut()) {
-                            t.upload(&marker, path);
-                        }
+                        self.ckpt.markers.push_back(*seq);
+                        self.ckpt.markers_queued += 1;
                     }
                 }
                 let mut ids: Vec<u64> = self

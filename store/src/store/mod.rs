@@ -21,6 +21,7 @@ mod checkpoint;
 mod compact;
 mod flush;
 mod iter;
+mod markers;
 mod portable;
 mod read;
 mod stream;
@@ -229,6 +230,8 @@ const TAG_CKPT_DIR_SYNC: u64 = 11;
 const TAG_EXPORT_READ: u64 = 12;
 const TAG_IMPORT_WRITE: u64 = 13;
 const TAG_IMPORT_SYNC: u64 = 14;
+const TAG_MARKER_SYNC: u64 = 15;
+const TAG_MARKER_DIR_SYNC: u64 = 16;
 
 /// Serial bits a job's tokens carry.
 const SERIAL_MASK: u64 = 0xfff;
@@ -307,6 +310,8 @@ struct Fetch {
 
 /// A finished read waiting to be delivered by `poll`.
 enum Resolved {
+    /// Done, with no output.
+    Done,
     NotFound,
     Block(Rc<Block>, std::ops::Range<usize>),
     Owned(Vec<u8>),
@@ -1090,6 +1095,7 @@ impl<I: Io> Store<I> {
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
+            || self.markers_outstanding()
             || (self.full_compaction_requested && !self.stopping && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
             || self.imports.iter().any(|(_, i)| i.in_flight())
@@ -1192,6 +1198,7 @@ fn finish_operands(kind: ReadKind, operands: &[Vec<u8>]) -> Resolved {
 
 fn resolved_output(r: &Resolved) -> Output<'_> {
     match r {
+        Resolved::Done => Output::Done,
         Resolved::NotFound => Output::Value(None),
         Resolved::Contains(b) => Output::Contains(*b),
         Resolved::Owned(v) => Output::Value(Some(v)),

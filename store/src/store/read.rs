@@ -186,6 +186,7 @@ impl<I: Io> Store<I> {
     /// Keeps what an immediate output borrows alive until the next call.
     pub(super) fn hold(&mut self, r: Resolved) -> Output<'_> {
         match r {
+            Resolved::Done => Output::Done,
             Resolved::NotFound => Output::Value(None),
             Resolved::Contains(b) => Output::Contains(b),
             Resolved::Imported(i) => Output::Imported(i),

@@ -87,6 +87,20 @@ pub fn checkpoint<I: Io>(s: &mut Store<I>, spec: CheckpointSpec) -> Result<Vec<u
     })
 }
 
+/// Notifies checkpoint `id` of `owner` and waits for the acknowledgement
+/// (a completion's marker durable); returns how many manifests it deleted.
+pub fn notify<I: Io>(
+    s: &mut Store<I>,
+    owner: &[u8],
+    id: u64,
+    kind: stator_store::Notify,
+) -> Result<usize, StoreError> {
+    const TOKEN: u64 = 0x0b5e55ed;
+    let n = s.checkpoint_notify(owner, id, kind);
+    s.when_marked(TOKEN);
+    wait_token(s, TOKEN).map(|_| n)
+}
+
 /// Polls until `token` completes (within 60 s).
 pub fn wait_token<I: Io>(s: &mut Store<I>, token: u64) -> Result<Owned, StoreError> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

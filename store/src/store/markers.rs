@@ -1,0 +1,141 @@
+//! Completion markers: how a completed checkpoint is remembered.
+//!
+//! A checkpoint the engine completed is marked in memory at once (the
+//! retention decisions use it), and an empty file `<seq>.complete` beside
+//! its manifest remembers it across restarts (without one, a manifest
+//! found at open is pending; see FORMAT.md). The marker is made durable
+//! here, one at a time, through the store's I/O layer: created, fsynced,
+//! the directory fsynced, then (with a remote tier) uploaded. The shard
+//! never blocks on it, the fault injector reaches it, and a failure is
+//! reported (to whoever waits for it, see [`Store::when_marked`], and as a
+//! background error) and retried after the retry delay; it never leaves a
+//! completed checkpoint looking pending silently.
+
+use super::*;
+use crate::manifest;
+
+/// The marker being made durable.
+pub(super) struct MarkerIo {
+    seq: u64,
+    /// Open while its fsync runs; `None` during the directory's fsync.
+    file: Option<crate::io::FileId>,
+}
+
+impl<I: Io> Store<I> {
+    /// Completes `token` (with `Output::Done`) once every marker queued so
+    /// far is durable, or with the error of the first that fails (it is
+    /// still retried): the acknowledgement of a `Complete`, so that what
+    /// was acknowledged survives a crash.
+    pub fn when_marked(&mut self, token: u64) {
+        let target = self.ckpt.markers_queued;
+        if self.ckpt.markers_done >= target {
+            self.done.push_back((token, Ok(Resolved::Done)));
+        } else {
+            self.ckpt.marker_waiters.push((target, token));
+        }
+    }
+
+    /// Marker `seq` is settled (durable, or its checkpoint deleted).
+    fn marker_settled(&mut self) {
+        self.ckpt.markers.pop_front();
+        self.ckpt.markers_done += 1;
+        let done = self.ckpt.markers_done;
+        let mut i = 0;
+        while i < self.ckpt.marker_waiters.len() {
+            if self.ckpt.marker_waiters[i].0 <= done {
+                let (_, token) = self.ckpt.marker_waiters.swap_remove(i);
+                self.done.push_back((token, Ok(Resolved::Done)));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn marker_failed(&mut self, e: StoreError) {
+        for (_, token) in std::mem::take(&mut self.ckpt.marker_waiters) {
+            self.done.push_back((token, Err(e.clone())));
+        }
+        self.background_failed(e);
+    }
+
+    /// Whether a marker can be started now.
+    pub(super) fn marker_runnable(&self) -> bool {
+        self.ckpt.marker.is_none() && !self.ckpt.markers.is_empty()
+    }
+
+    /// Markers not yet durable.
+    pub(super) fn markers_outstanding(&self) -> bool {
+        !self.ckpt.markers.is_empty()
+    }
+
+    /// Starts the next marker, unless one is in flight.
+    pub(super) fn step_markers(&mut self) {
+        if self.ckpt.marker.is_some() {
+            return;
+        }
+        // Checkpoints deleted since they completed need none.
+        while let Some(&seq) = self.ckpt.markers.front() {
+            if self.ckpt.holds(seq) {
+                break;
+            }
+            self.marker_settled();
+        }
+        let Some(&seq) = self.ckpt.markers.front() else {
+            return;
+        };
+        let path = self.cfg.dir.join(manifest::completed_name(seq));
+        // An earlier attempt may have created it before its fsync failed.
+        let opened = match self.io.open(&path, OpenMode::CreateNew) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                self.io.open(&path, OpenMode::ReadWrite)
+            }
+            r => r,
+        };
+        match opened {
+            Ok(f) => {
+                self.ckpt.marker = Some(MarkerIo { seq, file: Some(f) });
+                self.io.fsync(f, tag(TAG_MARKER_SYNC, seq));
+            }
+            Err(e) => self.marker_failed(StoreError::io(&path, "create", &e)),
+        }
+    }
+
+    /// Advances marker `seq`: its fsync, then the directory's, then its
+    /// upload. A failure leaves it first in line, retried later.
+    pub(super) fn marker_io_done(&mut self, t: u64, seq: u64, r: Result<usize, i32>) {
+        let Some(m) = self.ckpt.marker.take_if(|m| m.seq == seq) else {
+            return;
+        };
+        if let Some(f) = m.file {
+            self.io.close(f);
+        }
+        let name = manifest::completed_name(seq);
+        let path = self.cfg.dir.join(&name);
+        if let Err(errno) = r {
+            let op = if t == TAG_MARKER_SYNC {
+                "fsync"
+            } else {
+                "fsync directory"
+            };
+            return self.marker_failed(StoreError::from_errno(&path, op, errno));
+        }
+        if t == TAG_MARKER_SYNC {
+            match self.dir_fd() {
+                Ok(d) => {
+                    self.ckpt.marker = Some(MarkerIo { seq, file: None });
+                    self.io.fsync(d, tag(TAG_MARKER_DIR_SYNC, seq));
+                }
+                Err(e) => self.marker_failed(e),
+            }
+            return;
+        }
+        debug_assert_eq!(self.ckpt.markers.front(), Some(&seq));
+        self.marker_settled();
+        // (Deleted meanwhile: its marker file went with it.)
+        if self.ckpt.holds(seq)
+            && let Some(t) = self.tier.as_mut()
+        {
+            t.upload(&name, path);
+        }
+    }
+}
