@@ -38,6 +38,99 @@ pub struct Registry {
     jobs: std::collections::BTreeMap<String, u32>,
     /// States one job may have registered (`max_states_per_job`).
     max_per_job: usize,
+    /// What shards read, published after each change.
+    view: RegistryView,
+}
+
+/// The registry as shards read it: an immutable copy, replaced whole after
+/// each change, so that a shard never waits on a registration's file
+/// writes and fsyncs (they run under the registry's mutex, which a shard
+/// takes only for an import that brings state names new to its operator).
+#[derive(Clone, Default)]
+pub struct RegistryView(Arc<RwLock<Arc<RegView>>>);
+
+impl RegistryView {
+    /// The registry as of now.
+    pub fn get(&self) -> Arc<RegView> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn publish(&self, entries: &[RegEntry]) {
+        let mut v = RegView::default();
+        for e in entries {
+            v.by_operator
+                .entry(e.job.clone())
+                .or_default()
+                .entry(e.operator.clone())
+                .or_default()
+                .push(e.clone());
+        }
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
+    }
+}
+
+/// One version of the registry: each operator's states, in registration
+/// order.
+#[derive(Default)]
+pub struct RegView {
+    by_operator: HashMap<String, HashMap<String, Vec<RegEntry>>>,
+}
+
+impl RegView {
+    fn of(&self, job: &str, op: &str) -> &[RegEntry] {
+        self.by_operator
+            .get(job)
+            .and_then(|o| o.get(op))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Every state id of an operator, and its registrations as JSON (kept
+    /// in checkpoint manifests).
+    pub fn operator_states(&self, job: &str, op: &str) -> (Vec<u32>, Vec<u8>) {
+        let mine = self.of(job, op);
+        let ids = mine.iter().map(|e| e.id).collect();
+        let meta = serde_json::to_vec(mine).unwrap_or_default();
+        (ids, meta)
+    }
+
+    /// Every state of an operator, as a portable snapshot names it.
+    pub fn operator_descs(&self, job: &str, op: &str) -> Vec<stator_store::snapshot::StateDesc> {
+        self.of(job, op)
+            .iter()
+            .filter_map(|e| {
+                Some(stator_store::snapshot::StateDesc {
+                    id: e.id,
+                    kind: state_kind(e.kind)?,
+                    name: e.name.as_bytes().to_vec(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `(job, op, name)` is registered.
+    pub fn is_registered(&self, job: &str, op: &str, name: &str) -> bool {
+        self.of(job, op).iter().any(|e| e.name == name)
+    }
+
+    /// The id of registered state `(job, op, name)`, if it is of kind `k`.
+    pub fn id_of(&self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, String> {
+        match self.of(job, op).iter().find(|e| e.name == name) {
+            Some(e) if e.kind == k => Ok(e.id),
+            Some(e) => Err(conflict(name, op, e.kind, k)),
+            None => Err(format!(
+                "state `{name}` of operator `{op}` is not registered"
+            )),
+        }
+    }
+}
+
+/// Why a state cannot be registered as kind `want`.
+fn conflict(name: &str, op: &str, have: u8, want: u8) -> String {
+    format!(
+        "state `{name}` of operator `{op}` is registered as {}, not {}",
+        kind_name(have),
+        kind_name(want)
+    )
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -61,6 +154,8 @@ impl Registry {
             .enumerate()
             .map(|(i, e)| ((e.job.clone(), e.operator.clone(), e.name.clone()), i))
             .collect();
+        let view = RegistryView::default();
+        view.publish(&entries);
         Ok(Registry {
             path,
             entries,
@@ -68,7 +163,13 @@ impl Registry {
             jobs_path,
             jobs,
             max_per_job: crate::config::DEFAULT_MAX_STATES_PER_JOB,
+            view,
         })
+    }
+
+    /// What shards read (see [`RegistryView`]).
+    pub fn view(&self) -> RegistryView {
+        self.view.clone()
     }
 
     /// Sets how many states one job may register (`max_states_per_job`;
@@ -149,11 +250,7 @@ impl Registry {
             if let Some(&i) = self.index.get(&key) {
                 let e = &self.entries[i];
                 if e.kind != k {
-                    let msg = format!(
-                        "state `{name}` of operator `{op}` is registered as {}, not {}",
-                        kind_name(e.kind),
-                        kind_name(k)
-                    );
+                    let msg = conflict(name, op, e.kind, k);
                     undo(self);
                     return Err((status::CONFLICT, msg));
                 }
@@ -190,54 +287,21 @@ impl Registry {
             self.index.insert(key, self.entries.len() - 1);
             ids.push(id);
         }
-        if self.entries.len() > before
-            && let Err(e) = self.save()
-        {
-            undo(self);
-            return Err((
-                status::INTERNAL,
-                format!("cannot save the state registry: {e}"),
-            ));
+        if self.entries.len() > before {
+            if let Err(e) = self.save() {
+                undo(self);
+                return Err((
+                    status::INTERNAL,
+                    format!("cannot save the state registry: {e}"),
+                ));
+            }
+            self.view.publish(&self.entries);
         }
         Ok(ids)
     }
 
-    /// Whether `(job, op, name)` is registered.
-    pub fn is_registered(&self, job: &str, op: &str, name: &str) -> bool {
-        self.index
-            .contains_key(&(job.to_string(), op.to_string(), name.to_string()))
-    }
-
     fn next_id(&self) -> u32 {
         self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1)
-    }
-
-    /// Every state id of an operator, and its registrations as JSON (kept
-    /// in checkpoint manifests).
-    pub fn operator_states(&self, job: &str, op: &str) -> (Vec<u32>, Vec<u8>) {
-        let mine: Vec<&RegEntry> = self
-            .entries
-            .iter()
-            .filter(|e| e.job == job && e.operator == op)
-            .collect();
-        let ids = mine.iter().map(|e| e.id).collect();
-        let meta = serde_json::to_vec(&mine).unwrap_or_default();
-        (ids, meta)
-    }
-
-    /// Every state of an operator, as a portable snapshot names it.
-    pub fn operator_descs(&self, job: &str, op: &str) -> Vec<stator_store::snapshot::StateDesc> {
-        self.entries
-            .iter()
-            .filter(|e| e.job == job && e.operator == op)
-            .filter_map(|e| {
-                Some(stator_store::snapshot::StateDesc {
-                    id: e.id,
-                    kind: state_kind(e.kind)?,
-                    name: e.name.as_bytes().to_vec(),
-                })
-            })
-            .collect()
     }
 
     fn save(&self) -> std::io::Result<()> {
@@ -298,6 +362,7 @@ pub struct Ctx {
     pub cfg: RwLock<Arc<Config>>,
     pub shards: Vec<ShardHandle>,
     pub registry: Arc<Mutex<Registry>>,
+    pub registry_view: RegistryView,
     pub stopping: AtomicBool,
     pub sessions: AtomicUsize,
     pub next_session: AtomicU64,
@@ -586,11 +651,7 @@ pub(crate) fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Resp
             "a restore needs at least one handle".into(),
         ));
     }
-    let (states, _) = ctx
-        .registry
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .operator_states(&o.job, &o.operator);
+    let (states, _) = ctx.registry_view.get().operator_states(&o.job, &o.operator);
     let (tx, rx) = crossbeam_channel::bounded(1);
     ctx.shards[o.shard].send(ShardMsg::Restore {
         session: o.id,
@@ -660,5 +721,42 @@ mod tests {
         assert_eq!(r.claim("a", 1001).unwrap_err().0, status::DENIED);
         r.claim("imported", 1001).unwrap();
         assert_eq!(r.claim("imported", 1000).unwrap_err().0, status::DENIED);
+    }
+
+    /// Shards read the registry's published view, never its lock: a
+    /// registration holding the lock across its file writes and fsyncs
+    /// (here: held) stalls no checkpoint or export. Each registration is
+    /// published before it is answered, and a restart publishes the file.
+    #[test]
+    fn the_view_is_read_without_the_lock_and_follows_registrations() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        let view = r.view();
+        let a = r.register("j", "op", "a", kind::VALUE).unwrap();
+        let b = r.register_all("j", "op", &[("b", kind::MAP)]).unwrap()[0];
+        r.register("j", "other", "c", kind::LIST).unwrap();
+        let reg = Mutex::new(r);
+        let held = reg.lock().unwrap();
+        let v = view.get();
+        assert_eq!(v.operator_states("j", "op").0, vec![a, b]);
+        let meta: Vec<RegEntry> = serde_json::from_slice(&v.operator_states("j", "op").1).unwrap();
+        assert_eq!(
+            meta.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(v.operator_descs("j", "op").len(), 2);
+        assert!(v.is_registered("j", "other", "c") && !v.is_registered("j", "op", "c"));
+        assert_eq!(v.id_of("j", "op", "b", kind::MAP), Ok(b));
+        let m = v.id_of("j", "op", "b", kind::VALUE).unwrap_err();
+        assert!(m.contains("registered as a map state"), "{m}");
+        drop(held);
+        // A version read earlier stays as it was; a restart publishes the file.
+        let mut r = reg.into_inner().unwrap();
+        r.register("j", "op", "d", kind::VALUE).unwrap();
+        assert_eq!(v.operator_states("j", "op").0.len(), 2);
+        assert_eq!(view.get().operator_states("j", "op").0.len(), 3);
+        drop(r);
+        let r = Registry::open(d.path()).unwrap();
+        assert_eq!(r.view().get().operator_states("j", "op").0.len(), 3);
     }
 }

@@ -93,6 +93,7 @@ impl Daemon {
         let mut registry = Registry::open(&cfg.data_dir)
             .map_err(path_err("cannot read the state registry in", &cfg.data_dir))?;
         registry.set_max_states_per_job(cfg.max_states_per_job);
+        let registry_view = registry.view();
         let registry = Arc::new(Mutex::new(registry));
 
         // The remote tier: one runtime and one object store client shared
@@ -193,6 +194,7 @@ impl Daemon {
             cfg: RwLock::new(Arc::new(cfg)),
             shards: handles,
             registry,
+            registry_view,
             stopping: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),

@@ -38,7 +38,7 @@ use stator_store::{
     RestoreSpec, Restored, StateKind, Store, StoreError, Submitted,
 };
 
-use crate::control::Registry;
+use crate::control::{Registry, RegistryView};
 use crate::metrics::{OpMetrics, Report, SessionReport, ShardReport, Tally};
 
 type Ring<'a> = DaemonRing<'a>;
@@ -332,7 +332,10 @@ const BATCH_BYTES: usize = 8 << 20;
 pub struct Shard {
     id: usize,
     store: Store<UringIo>,
+    /// Taken only to register the new state names an import brings.
     registry: Arc<Mutex<Registry>>,
+    /// What checkpoints and snapshots read, without the registry's lock.
+    view: RegistryView,
     sessions: Slab<Session>,
     by_id: HashMap<u64, usize>,
     pending: Slab<Pending>,
@@ -497,10 +500,12 @@ impl Shard {
         registry: Arc<Mutex<Registry>>,
     ) -> Shard {
         let remote_bell = store.remote_fd().and_then(|f| f.try_clone_to_owned().ok());
+        let view = registry.lock().unwrap_or_else(|p| p.into_inner()).view();
         Shard {
             id,
             store,
             registry,
+            view,
             sessions: Slab::new(),
             by_id: HashMap::new(),
             pending: Slab::new(),
@@ -761,6 +766,7 @@ impl Shard {
         let Shard {
             store,
             registry,
+            view,
             sessions,
             pending,
             scratch,
@@ -889,10 +895,11 @@ impl Shard {
                         let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
                         let c = if matches!(op, Some(Opcode::Checkpoint | Opcode::CheckpointNotify))
                         {
-                            checkpoint_op(store, ring, sqe, who, registry, pending, sid, in_flight)
+                            checkpoint_op(store, ring, sqe, who, view, pending, sid, in_flight)
                         } else {
                             let ctx = SnapshotCtx {
                                 registry,
+                                view,
                                 pending,
                                 sid,
                                 in_flight,
@@ -1546,7 +1553,7 @@ fn checkpoint_op(
     ring: &mut Ring<'_>,
     sqe: &Sqe,
     (owner, job, operator, (lo, hi)): Owner<'_>,
-    registry: &Mutex<Registry>,
+    view: &RegistryView,
     pending: &mut Slab<Pending>,
     sid: u64,
     in_flight: &mut u32,
@@ -1582,10 +1589,7 @@ fn checkpoint_op(
         Ok(o) => o,
         Err((st, out)) => return Some(answer(v.user_data, st, out)),
     };
-    let (states, meta) = registry
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .operator_states(job, operator);
+    let (states, meta) = view.get().operator_states(job, operator);
     let tok = pending.insert(Pending {
         t0: Instant::now(),
         session: sid,
@@ -1617,6 +1621,7 @@ fn checkpoint_op(
 /// What a snapshot request may touch of its shard and session.
 struct SnapshotCtx<'s> {
     registry: &'s Mutex<Registry>,
+    view: &'s RegistryView,
     pending: &'s mut Slab<Pending>,
     sid: u64,
     in_flight: &'s mut u32,
@@ -1659,7 +1664,7 @@ fn snapshot_op(
             if cx.export.as_ref().is_some_and(|e| e.id.is_some()) {
                 return done(Status::Busy);
             }
-            let states = lock().operator_descs(job, operator);
+            let states = cx.view.get().operator_descs(job, operator);
             let spec = ExportSpec {
                 owner: owner.to_vec(),
                 snapshot_id: v.arg,
@@ -1746,7 +1751,7 @@ fn snapshot_op(
             let id = match cx.import.as_ref() {
                 Some(i) => i.id,
                 None => {
-                    let (states, _) = lock().operator_states(job, operator);
+                    let (states, _) = cx.view.get().operator_states(job, operator);
                     let spec = ImportSpec {
                         owner: owner.to_vec(),
                         lo,
@@ -1783,10 +1788,10 @@ fn snapshot_op(
                         .map_err(|_| "a state name that is not UTF-8".to_string())?;
                     named.push((name, wire_kind(d.kind)));
                 }
-                let mut reg = lock();
+                let current = cx.view.get();
                 let new = named
                     .iter()
-                    .filter(|(n, _)| !reg.is_registered(job, operator, n))
+                    .filter(|(n, _)| !current.is_registered(job, operator, n))
                     .count();
                 if new > IMPORT_NEW_STATES {
                     // Registrations outlive a refused import: a snapshot
@@ -1795,7 +1800,16 @@ fn snapshot_op(
                         "the snapshot names {new} states this operator does not have (at most {IMPORT_NEW_STATES})"
                     ));
                 }
-                reg.register_all(job, operator, &named).map_err(|(_, m)| m)
+                if new == 0 {
+                    // Nothing to register: no lock, no file write.
+                    return named
+                        .iter()
+                        .map(|&(n, k)| current.id_of(job, operator, n, k))
+                        .collect();
+                }
+                lock()
+                    .register_all(job, operator, &named)
+                    .map_err(|(_, m)| m)
             };
             match store.import_chunk(id, &cx.chunk[..], tok as u64, &mut resolve) {
                 Ok(ImportStep::Consumed) => {

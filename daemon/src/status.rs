@@ -1002,6 +1002,7 @@ mod tests {
 
     fn ctx(dir: &Path) -> Ctx {
         let (tx, _rx) = crossbeam_channel::unbounded();
+        let registry = Registry::open(dir).unwrap();
         Ctx {
             cfg: RwLock::new(Arc::new(Config::default())),
             shards: vec![ShardHandle {
@@ -1009,7 +1010,8 @@ mod tests {
                 bell: Arc::new(stator_ring::Doorbell::new().unwrap()),
                 live: Arc::new(Live::default()),
             }],
-            registry: Arc::new(Mutex::new(Registry::open(dir).unwrap())),
+            registry_view: registry.view(),
+            registry: Arc::new(Mutex::new(registry)),
             stopping: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
             next_session: AtomicU64::new(1),
