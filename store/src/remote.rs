@@ -118,6 +118,21 @@ pub enum RemoteDone {
     /// Object names under the listed prefix (relative to the tier's
     /// prefix) with their sizes.
     Listed(Vec<(String, u64)>),
+    /// The local files a scan found ([`Remote::local_task`]).
+    LocalFiles(Vec<LocalFile>),
+}
+
+/// A local file as a scan of the store's directories found it (the
+/// tier's eviction measures the disk off the shard thread).
+#[derive(Debug)]
+pub struct LocalFile {
+    pub name: String,
+    pub path: std::path::PathBuf,
+    /// Bytes it takes on the disk (allocated blocks).
+    pub disk_bytes: u64,
+    /// For a file the scan was asked to look into: where its data ends,
+    /// and its length (from its footer).
+    pub extent: Option<(u64, u64)>,
 }
 
 /// A check of a range's bytes run on the runtime before they are handed
@@ -548,20 +563,21 @@ impl Remote {
     }
 
     /// Runs `work` (local file work that may block: punching a cached
-    /// segment's data out of the local disk) on the runtime's blocking
-    /// pool; completes with `Deleted`, or a failure naming `what`.
+    /// segment's data out of the local disk, listing the directories) on
+    /// the runtime's blocking pool; completes with what it returns, or a
+    /// failure naming `what`.
     pub fn local_task(
         &mut self,
         token: u64,
         what: String,
-        work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+        work: impl FnOnce() -> std::io::Result<RemoteDone> + Send + 'static,
     ) {
         self.outstanding += 1;
         let queue = self.queue.clone();
         let rt = self.rt.clone();
         self.rt.spawn(async move {
             let r = match rt.spawn_blocking(work).await {
-                Ok(Ok(())) => Ok(RemoteDone::Deleted),
+                Ok(Ok(d)) => Ok(d),
                 Ok(Err(e)) => Err(RemoteError::Failed {
                     op: "local",
                     path: what,

@@ -36,7 +36,7 @@ use bytes::Bytes;
 use super::*;
 use crate::format::Malformed;
 use crate::manifest;
-use crate::remote::{Remote, RemoteDone, RemoteError, RemoteStats};
+use crate::remote::{LocalFile, Remote, RemoteDone, RemoteError, RemoteStats};
 use crate::segment::Residency;
 
 /// How the store uses its remote tier.
@@ -105,6 +105,8 @@ pub(super) const TAG_CACHE_WRITE: u64 = 24;
 /// `Tier::bufs` (which keeps the store's own token), so an outcome finds
 /// its read by index, not by hashing.
 const TAG_READ: u64 = 25;
+/// The eviction's scan of the local directories.
+const TAG_SCAN: u64 = 26;
 
 /// A read the remote serves.
 struct RemoteRead {
@@ -166,6 +168,10 @@ pub(super) struct Tier {
     /// The read clock (each file's residency keeps its last tick).
     tick: u64,
     next_evict: Instant,
+    /// A scan of the local directories runs (off the shard thread), or
+    /// its result waits for the next eviction pass.
+    scanning: bool,
+    scanned: Option<Vec<LocalFile>>,
     /// An upload finished since the checkpoints last looked.
     pub progress: bool,
     /// Outcomes that arrived during a synchronous wait for others.
@@ -388,6 +394,14 @@ impl Tier {
                     self.stats.last_error = Some(e.to_string());
                 }
             }
+            TAG_SCAN => {
+                self.scanning = false;
+                match r {
+                    Ok(RemoteDone::LocalFiles(f)) => self.scanned = Some(f),
+                    Ok(_) => {}
+                    Err(e) => self.stats.last_error = Some(e.to_string()),
+                }
+            }
             // A synchronous wait's outcome arriving after it gave up: none
             // (it waits for every one), so nothing to do.
             TAG_SYNC => {}
@@ -602,6 +616,8 @@ pub(super) fn prepare(
         admitted: 0,
         tick: 0,
         next_evict: Instant::now(),
+        scanning: false,
+        scanned: None,
         progress: false,
         stash: Vec::new(),
         reaped: Vec::new(),
@@ -849,28 +865,62 @@ impl<I: Io> Store<I> {
         let Some(tier) = self.tier.as_mut() else {
             return;
         };
-        if !tier.evict_due() {
+        if let Some(files) = tier.scanned.take() {
+            return self.evict_from(files);
+        }
+        if tier.scanning || !tier.evict_due() {
             return;
         }
-        let budget = tier.cfg.local_cache_bytes.unwrap_or(u64::MAX);
-        use std::os::unix::fs::MetadataExt;
-        let mut files: Vec<(String, PathBuf, u64)> = Vec::new();
-        let mut used = 0u64;
-        for d in [self.cfg.dir.clone(), self.cfg.dir.join(FETCHED_DIR)] {
-            let Ok(rd) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                if !is_layer(&name) {
+        // The listing, a stat per file and the footers of files no layer
+        // has open (only checkpoints name them) are read off the shard.
+        let open: HashSet<PathBuf> = self
+            .segments
+            .iter()
+            .chain(&self.retired)
+            .chain(&self.awaiting_dir_sync)
+            .map(|s| s.path.clone())
+            .collect();
+        let dirs = [self.cfg.dir.clone(), self.cfg.dir.join(FETCHED_DIR)];
+        let tier = self.tier.as_mut().expect("checked");
+        tier.scanning = true;
+        let t = tier.token(TAG_SCAN);
+        let what = self.cfg.dir.display().to_string();
+        tier.remote.local_task(t, what, move || {
+            use std::os::unix::fs::MetadataExt;
+            let mut files = Vec::new();
+            for d in dirs {
+                let Ok(rd) = std::fs::read_dir(&d) else {
                     continue;
+                };
+                for e in rd.flatten() {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    if !is_layer(&name) {
+                        continue;
+                    }
+                    let Ok(m) = e.metadata() else { continue };
+                    let path = e.path();
+                    let extent = (!open.contains(&path))
+                        .then(|| read_footer(&path).map(|(f, len)| (data_end(&f), len)))
+                        .flatten();
+                    files.push(LocalFile {
+                        name,
+                        path,
+                        disk_bytes: m.blocks() * 512,
+                        extent,
+                    });
                 }
-                let Ok(m) = e.metadata() else { continue };
-                let bytes = m.blocks() * 512;
-                used += bytes;
-                files.push((name, e.path(), bytes));
             }
-        }
+            Ok(RemoteDone::LocalFiles(files))
+        });
+    }
+
+    /// Evicts the least recently read segments durable remotely while the
+    /// local files (as a scan found them) pass the budget, down to 90% of
+    /// it.
+    fn evict_from(&mut self, files: Vec<LocalFile>) {
+        let tier = self.tier.as_mut().expect("evicting with a tier");
+        let budget = tier.cfg.local_cache_bytes.unwrap_or(u64::MAX);
+        let mut used: u64 = files.iter().map(|f| f.disk_bytes).sum();
         tier.stats.local_cache_bytes = used;
         tier.admitted = 0;
         if used <= budget {
@@ -893,66 +943,63 @@ impl<I: Io> Store<I> {
                 .find(|s| s.path == p)
                 .cloned()
         };
+        let tier = self.tier.as_ref().expect("checked");
+        // Where a file's data ends: an open segment's footer, else what the
+        // scan read (a file only checkpoints name; one neither open nor
+        // pinned now was deleted since the scan).
+        let extent = |f: &LocalFile| match open(&f.path) {
+            Some(s) => Some((data_end(&s.footer), s.file_len)),
+            None if self.ckpt.pinned(&f.name) => f.extent,
+            None => None,
+        };
         // A file already remote is a candidate again when it holds more
         // than its metadata: pages written back since (or a write that
         // landed after its punch).
-        let meta_bytes = |p: &Path| match open(p) {
-            Some(s) => Some(s.file_len - data_end(&s.footer)),
-            None => read_footer(p).map(|(f, len)| len - data_end(&f)),
-        };
-        let tier = self.tier.as_ref().expect("checked");
-        let mut candidates: Vec<(u64, String, PathBuf, u64)> = files
+        let mut candidates: Vec<(u64, String, PathBuf, u64, u64)> = files
             .into_iter()
-            .filter(|(n, p, bytes)| {
-                tier.uploaded.contains(n)
-                    && !busy.contains(p.as_path())
-                    && !tier.punching.values().any(|x| x == n)
-                    && (!tier.evicted.contains(n)
-                        || meta_bytes(p).is_some_and(|m| *bytes > m + ALIGN as u64))
+            .filter(|f| {
+                tier.uploaded.contains(&f.name)
+                    && !busy.contains(f.path.as_path())
+                    && !tier.punching.values().any(|x| *x == f.name)
             })
-            .map(|(n, p, b)| {
-                let used = open(&p).map_or(0, |s| s.residency.last_use());
-                (used, n, p, b)
+            .filter_map(|f| {
+                let (end, len) = extent(&f)?;
+                let again = f.disk_bytes > len.saturating_sub(end) + ALIGN as u64;
+                if tier.evicted.contains(&f.name) && !again {
+                    return None;
+                }
+                let used = open(&f.path).map_or(0, |s| s.residency.last_use());
+                Some((used, f.name, f.path, f.disk_bytes, end))
             })
             .collect();
         candidates.sort();
         let target = budget / 10 * 9;
         let mut victims = Vec::new();
-        for (_, name, path, bytes) in candidates {
+        for (_, name, path, bytes, end) in candidates {
             if used <= target {
                 break;
             }
             used = used.saturating_sub(bytes);
-            victims.push((name, path));
+            victims.push((name, path, end));
         }
-        for (name, path) in victims {
-            self.evict(&name, path);
+        for (name, path, end) in victims {
+            self.evict(&name, path, end);
         }
     }
 
-    /// Makes `name`'s data remote only: reads go to the remote from now on,
-    /// and its data region is punched out of the local file off the shard
-    /// thread.
-    fn evict(&mut self, name: &str, path: PathBuf) {
-        let open = self
+    /// Makes `name`'s data (up to `end`) remote only: reads go to the
+    /// remote from now on, and its data region is punched out of the local
+    /// file off the shard thread.
+    fn evict(&mut self, name: &str, path: PathBuf, end: u64) {
+        for s in self
             .segments
             .iter()
             .chain(&self.retired)
             .chain(&self.awaiting_dir_sync)
-            .filter(|s| s.path == path);
-        let mut end = None;
-        for s in open {
+            .filter(|s| s.path == path)
+        {
             s.residency.set_remote();
-            end = Some(data_end(&s.footer));
         }
-        let end = match end {
-            Some(e) => e,
-            // A file only a checkpoint names: its footer says where.
-            None => match read_footer(&path) {
-                Some((f, _)) => data_end(&f),
-                None => return,
-            },
-        };
         let tier = self.tier.as_mut().expect("evicting with a tier");
         tier.evicted.insert(name.to_string());
         tier.stats.evictions += 1;
@@ -968,6 +1015,7 @@ impl<I: Io> Store<I> {
                     0,
                     end as i64,
                 )
+                .map(|()| RemoteDone::Deleted)
                 .map_err(std::io::Error::from)
             });
     }
