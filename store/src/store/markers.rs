@@ -1,7 +1,7 @@
 //! Completion markers: how a completed checkpoint is remembered.
 //!
 //! A checkpoint the engine completed is marked in memory at once (the
-//! retention decisions use it), and an empty file `<seq>.complete` beside
+//! retention decisions use it), and an empty file `ckpt-{seq}.complete` beside
 //! its manifest remembers it across restarts (without one, a manifest
 //! found at open is pending; see FORMAT.md). The marker is made durable
 //! here, one at a time, through the store's I/O layer: created, fsynced,
@@ -23,9 +23,9 @@ pub(super) struct MarkerIo {
 
 impl<I: Io> Store<I> {
     /// Completes `token` (with `Output::Done`) once every marker queued so
-    /// far is durable, or with the error of the first that fails (it is
-    /// still retried): the acknowledgement of a `Complete`, so that what
-    /// was acknowledged survives a crash.
+    /// far is durable, or with the error of the first that fails, whoever
+    /// it is for (it is still retried): the acknowledgement of a
+    /// `Complete`, so that what was acknowledged survives a crash.
     pub fn when_marked(&mut self, token: u64) {
         let target = self.ckpt.markers_queued;
         if self.ckpt.markers_done >= target {
@@ -35,7 +35,8 @@ impl<I: Io> Store<I> {
         }
     }
 
-    /// Marker `seq` is settled (durable, or its checkpoint deleted).
+    /// The first marker in line is settled (durable, or its checkpoint
+    /// deleted).
     fn marker_settled(&mut self) {
         self.ckpt.markers.pop_front();
         self.ckpt.markers_done += 1;

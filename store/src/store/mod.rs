@@ -1084,6 +1084,7 @@ impl<I: Io> Store<I> {
             + self.iters.len()
             + self.done.len()
             + self.ckpt.counts().1
+            + self.ckpt.marker_waiters.len()
             + self.imports.iter().filter(|(_, i)| i.finishing()).count()
     }
 
