@@ -254,8 +254,11 @@ fn a_stop_leaves_the_compaction_backlog_and_a_start_deletes_torn_segments() {
         let m = metrics(&d);
         let compactions = metric(&m, "stator_compactions_total");
         if compactions > 0.0 && metric(&m, "stator_disk_segments") < 12.0 {
+            // One per three layers took 10 or more to get here; the backlog
+            // merge takes one or two, and ordinary compactions of what is
+            // left may follow before this first look (polled every 100 ms).
             assert!(
-                compactions <= 2.0,
+                compactions <= 4.0,
                 "{compactions} compactions for {LAYERS} layers:\n{m}"
             );
             assert!(metric(&m, "stator_disk_space_amplification") >= 1.0, "{m}");
