@@ -23,6 +23,10 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The daemon's jemalloc options (this binary also runs it, `__statord`).
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &[u8; 85] = statord::JEMALLOC_CONF;
+
 #[derive(Parser)]
 #[command(
     name = "stator-bench",
