@@ -146,15 +146,8 @@ pub(super) struct Checkpoints {
     pins: HashMap<String, u32>,
     next_seq: u64,
     pending: Slab<Pending>,
-    /// Completed checkpoints whose marker is not durable yet, in order
-    /// (see `markers.rs`).
-    pub(super) markers: VecDeque<u64>,
-    pub(super) marker: Option<super::markers::MarkerIo>,
-    /// Markers queued and settled since open; waiters for the markers
-    /// queued before them: `(markers_queued then, token)`.
-    pub(super) markers_queued: u64,
-    pub(super) markers_done: u64,
-    pub(super) marker_waiters: Vec<(u64, u64)>,
+    /// Completion markers not yet durable (`markers.rs`).
+    pub(super) markers: super::markers::Markers,
 }
 
 impl Checkpoints {
@@ -459,7 +452,7 @@ impl<I: Io> Store<I> {
     /// waits for finished).
     pub(super) fn checkpoint_runnable(&self) -> bool {
         self.tier.as_ref().is_some_and(|t| t.progress)
-            || self.marker_runnable()
+            || self.ckpt.markers.runnable()
             || self
                 .ckpt
                 .pending
@@ -700,8 +693,9 @@ impl<I: Io> Store<I> {
 
     /// The engine's word on checkpoint `checkpoint_id` of `owner`.
     /// `Complete` (of one the store holds; otherwise nothing happens)
-    /// marks it completed and deletes the owner's older checkpoints that never completed (an engine that completed a newer
-    /// one never completes them: Flink aborts them) and, past
+    /// marks it completed and deletes the owner's older checkpoints that
+    /// never completed (an engine that completed a newer one never
+    /// completes them: Flink aborts them) and, past
     /// `retained_checkpoints` completed ones, the oldest completed. Older
     /// completed checkpoints otherwise stay restorable until the engine
     /// says `Subsume` (or `Abort`, for one that never completed). Returns
@@ -727,8 +721,7 @@ impl<I: Io> Store<I> {
                         // tier for another host, by a marker file made
                         // durable in the background.
                         r.completed = true;
-                        self.ckpt.markers.push_back(*seq);
-                        self.ckpt.markers_queued += 1;
+                        self.ckpt.markers.push(*seq);
                     }
                 }
                 let mut ids: Vec<u64> = self

@@ -14,8 +14,46 @@
 use super::*;
 use crate::manifest;
 
+/// The completion markers not yet durable, and who waits for them.
+#[derive(Default)]
+pub(super) struct Markers {
+    /// Manifest numbers of completed checkpoints whose marker is not
+    /// durable yet, in order.
+    queue: VecDeque<u64>,
+    /// The first one's I/O, while it runs.
+    io: Option<MarkerIo>,
+    /// Markers queued and settled since open.
+    queued: u64,
+    settled: u64,
+    /// Tokens waiting, each with `queued` as it was when it asked.
+    waiters: Vec<(u64, u64)>,
+}
+
+impl Markers {
+    /// Checkpoint `seq` completed: its marker is to be made durable.
+    pub(super) fn push(&mut self, seq: u64) {
+        self.queue.push_back(seq);
+        self.queued += 1;
+    }
+
+    /// Tokens waiting for markers.
+    pub(super) fn waiting(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Markers not yet durable.
+    pub(super) fn outstanding(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Whether the next marker can be started now.
+    pub(super) fn runnable(&self) -> bool {
+        self.io.is_none() && !self.queue.is_empty()
+    }
+}
+
 /// The marker being made durable.
-pub(super) struct MarkerIo {
+struct MarkerIo {
     seq: u64,
     /// Open while its fsync runs; `None` during the directory's fsync.
     file: Option<crate::io::FileId>,
@@ -27,24 +65,24 @@ impl<I: Io> Store<I> {
     /// it is for (it is still retried): the acknowledgement of a
     /// `Complete`, so that what was acknowledged survives a crash.
     pub fn when_marked(&mut self, token: u64) {
-        let target = self.ckpt.markers_queued;
-        if self.ckpt.markers_done >= target {
+        let m = &mut self.ckpt.markers;
+        if m.settled >= m.queued {
             self.done.push_back((token, Ok(Resolved::Done)));
         } else {
-            self.ckpt.marker_waiters.push((target, token));
+            m.waiters.push((m.queued, token));
         }
     }
 
     /// The first marker in line is settled (durable, or its checkpoint
     /// deleted).
     fn marker_settled(&mut self) {
-        self.ckpt.markers.pop_front();
-        self.ckpt.markers_done += 1;
-        let done = self.ckpt.markers_done;
+        let m = &mut self.ckpt.markers;
+        m.queue.pop_front();
+        m.settled += 1;
         let mut i = 0;
-        while i < self.ckpt.marker_waiters.len() {
-            if self.ckpt.marker_waiters[i].0 <= done {
-                let (_, token) = self.ckpt.marker_waiters.swap_remove(i);
+        while i < m.waiters.len() {
+            if m.waiters[i].0 <= m.settled {
+                let (_, token) = m.waiters.swap_remove(i);
                 self.done.push_back((token, Ok(Resolved::Done)));
             } else {
                 i += 1;
@@ -53,35 +91,25 @@ impl<I: Io> Store<I> {
     }
 
     fn marker_failed(&mut self, e: StoreError) {
-        for (_, token) in std::mem::take(&mut self.ckpt.marker_waiters) {
+        for (_, token) in std::mem::take(&mut self.ckpt.markers.waiters) {
             self.done.push_back((token, Err(e.clone())));
         }
         self.background_failed(e);
     }
 
-    /// Whether a marker can be started now.
-    pub(super) fn marker_runnable(&self) -> bool {
-        self.ckpt.marker.is_none() && !self.ckpt.markers.is_empty()
-    }
-
-    /// Markers not yet durable.
-    pub(super) fn markers_outstanding(&self) -> bool {
-        !self.ckpt.markers.is_empty()
-    }
-
     /// Starts the next marker, unless one is in flight.
     pub(super) fn step_markers(&mut self) {
-        if self.ckpt.marker.is_some() {
+        if self.ckpt.markers.io.is_some() {
             return;
         }
         // Checkpoints deleted since they completed need none.
-        while let Some(&seq) = self.ckpt.markers.front() {
+        while let Some(&seq) = self.ckpt.markers.queue.front() {
             if self.ckpt.holds(seq) {
                 break;
             }
             self.marker_settled();
         }
-        let Some(&seq) = self.ckpt.markers.front() else {
+        let Some(&seq) = self.ckpt.markers.queue.front() else {
             return;
         };
         let path = self.cfg.dir.join(manifest::completed_name(seq));
@@ -94,7 +122,7 @@ impl<I: Io> Store<I> {
         };
         match opened {
             Ok(f) => {
-                self.ckpt.marker = Some(MarkerIo { seq, file: Some(f) });
+                self.ckpt.markers.io = Some(MarkerIo { seq, file: Some(f) });
                 self.io.fsync(f, tag(TAG_MARKER_SYNC, seq));
             }
             Err(e) => self.marker_failed(StoreError::io(&path, "create", &e)),
@@ -104,7 +132,7 @@ impl<I: Io> Store<I> {
     /// Advances marker `seq`: its fsync, then the directory's, then its
     /// upload. A failure leaves it first in line, retried later.
     pub(super) fn marker_io_done(&mut self, t: u64, seq: u64, r: Result<usize, i32>) {
-        let Some(m) = self.ckpt.marker.take_if(|m| m.seq == seq) else {
+        let Some(m) = self.ckpt.markers.io.take_if(|m| m.seq == seq) else {
             return;
         };
         if let Some(f) = m.file {
@@ -123,14 +151,14 @@ impl<I: Io> Store<I> {
         if t == TAG_MARKER_SYNC {
             match self.dir_fd() {
                 Ok(d) => {
-                    self.ckpt.marker = Some(MarkerIo { seq, file: None });
+                    self.ckpt.markers.io = Some(MarkerIo { seq, file: None });
                     self.io.fsync(d, tag(TAG_MARKER_DIR_SYNC, seq));
                 }
                 Err(e) => self.marker_failed(e),
             }
             return;
         }
-        debug_assert_eq!(self.ckpt.markers.front(), Some(&seq));
+        debug_assert_eq!(self.ckpt.markers.queue.front(), Some(&seq));
         self.marker_settled();
         // (Deleted meanwhile: its marker file went with it.)
         if self.ckpt.holds(seq)

@@ -1084,7 +1084,7 @@ impl<I: Io> Store<I> {
             + self.iters.len()
             + self.done.len()
             + self.ckpt.counts().1
-            + self.ckpt.marker_waiters.len()
+            + self.ckpt.markers.waiting()
             + self.imports.iter().filter(|(_, i)| i.finishing()).count()
     }
 
@@ -1096,7 +1096,7 @@ impl<I: Io> Store<I> {
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
-            || self.markers_outstanding()
+            || self.ckpt.markers.outstanding()
             || (self.full_compaction_requested && !self.stopping && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
             || self.imports.iter().any(|(_, i)| i.in_flight())
