@@ -200,19 +200,17 @@ impl BlockCache {
             return;
         }
         let size = b.memory_bytes();
+        // Spares give way first: they never crowd out a block.
+        if self.lent + self.spare_bytes + size > self.budget {
+            self.drop_spares();
+        }
         // Reads in flight hold the whole budget: no eviction makes room
         // for the block, which is left out; the cached blocks still give
         // way to the reads' buffers (a step at a time), or the daemon
         // would hold the budget twice over.
         if self.lent + size > self.budget {
-            self.spare.clear();
-            self.spare_bytes = 0;
             self.trim();
             return;
-        }
-        if self.lent + self.spare_bytes + size > self.budget {
-            self.spare.clear();
-            self.spare_bytes = 0;
         }
         // An evicted block's buffer may become a spare (its bytes move,
         // they are not freed); once MAX_SPARE are kept, evictions free.
@@ -221,8 +219,7 @@ impl BlockCache {
         let mut evicted = 0;
         while self.bytes() + size > self.budget {
             if self.map.is_empty() {
-                self.spare.clear();
-                self.spare_bytes = 0;
+                self.drop_spares();
                 break;
             }
             if evicted == EVICT_STEP {
@@ -249,6 +246,11 @@ impl BlockCache {
         };
         self.map.insert((seg, block), i);
         self.bytes += size;
+    }
+
+    fn drop_spares(&mut self) {
+        self.spare.clear();
+        self.spare_bytes = 0;
     }
 
     /// Evicts the next unreferenced entry under the hand (the cache must
@@ -321,8 +323,7 @@ impl BlockCache {
     /// the caller's thread for milliseconds.
     pub fn set_budget(&mut self, budget: usize) {
         self.budget = budget;
-        self.spare.clear();
-        self.spare_bytes = 0;
+        self.drop_spares();
         self.trim();
     }
 

@@ -935,14 +935,15 @@ impl<I: Io> Store<I> {
             .flat_map(|j| j.inputs.iter().map(|s| s.path.as_path()))
             .chain(self.exports.iter().flat_map(|(_, e)| e.paths()))
             .collect();
-        let open = |p: &Path| {
-            self.segments
-                .iter()
-                .chain(&self.retired)
-                .chain(&self.awaiting_dir_sync)
-                .find(|s| s.path == p)
-                .cloned()
-        };
+        // (One map, not a scan of the layers per file.)
+        let by_path: HashMap<&Path, &Rc<Segment>> = self
+            .segments
+            .iter()
+            .chain(&self.retired)
+            .chain(&self.awaiting_dir_sync)
+            .map(|s| (s.path.as_path(), s))
+            .collect();
+        let open = |p: &Path| by_path.get(p).copied();
         let tier = self.tier.as_ref().expect("checked");
         // Where a file's data ends: an open segment's footer, else what the
         // scan read (a file only checkpoints name; one neither open nor
