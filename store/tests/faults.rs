@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Owned, run, settle_fully};
 use stator_store::io::{Fault, FaultIo, FaultPlan, SyncIo};
-use stator_store::{KeyRef, Op, Store, StoreConfig, StoreError};
+use stator_store::{CheckpointSpec, KeyRef, Op, RestoreSpec, Store, StoreConfig, StoreError};
 
 fn k(i: u32) -> [u8; 4] {
     i.to_be_bytes()
@@ -30,6 +30,45 @@ fn cfg(dir: &Path) -> StoreConfig {
     c.memtable_bytes = Some(1 << 30);
     c.retry_delay = Duration::from_millis(1);
     c
+}
+
+/// The checkpoints' owner in these tests.
+const OWNER: &[u8] = b"job\0op";
+
+/// A checkpoint of state 1 of `OWNER` in key groups 0..=15 (every key's:
+/// see `kr`).
+fn spec(id: u64) -> CheckpointSpec {
+    CheckpointSpec {
+        owner: OWNER.to_vec(),
+        checkpoint_id: id,
+        lo: 0,
+        hi: 15,
+        states: vec![1],
+        meta: Vec::new(),
+    }
+}
+
+/// A restore of what [`spec`] takes.
+const WHOLE: RestoreSpec<'static> = RestoreSpec {
+    owner: OWNER,
+    lo: 0,
+    hi: 15,
+    states: &[1],
+};
+
+/// [`build`]'s segment of keys `0..500`, then a newer one of keys
+/// `1000..1500`; their paths, oldest first.
+fn two_segments(dir: &Path) -> Vec<PathBuf> {
+    build(dir, 500);
+    let (mut s, _) = Store::open(cfg(dir), SyncIo::new(true)).unwrap();
+    for i in 1000..1500 {
+        run(&mut s, Op::Put(kr(&k(i)), &[1; 64])).unwrap();
+    }
+    s.flush();
+    settle_fully(&mut s);
+    let segs = segments(dir);
+    assert_eq!(segs.len(), 2);
+    segs
 }
 
 /// A store with keys `0..n` flushed into one segment; returns its path.
@@ -134,17 +173,7 @@ fn corrupt_filter_index_or_footer_sets_the_segment_aside() {
 #[test]
 fn torn_segment_is_deleted_and_reported_and_older_ones_survive() {
     let d = tempfile::tempdir().unwrap();
-    build(d.path(), 500);
-    {
-        let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
-        for i in 1000..1500 {
-            run(&mut s, Op::Put(kr(&k(i)), &[1; 64])).unwrap();
-        }
-        s.flush();
-        settle_fully(&mut s);
-    }
-    let segs = segments(d.path());
-    assert_eq!(segs.len(), 2);
+    let segs = two_segments(d.path());
     // The newer segment was cut short by a crash mid-write.
     let f = std::fs::OpenOptions::new()
         .write(true)
@@ -173,17 +202,7 @@ fn torn_segment_is_deleted_and_reported_and_older_ones_survive() {
 fn a_damaged_footer_on_an_older_segment_is_kept_not_deleted() {
     use std::os::unix::fs::FileExt;
     let d = tempfile::tempdir().unwrap();
-    build(d.path(), 500);
-    {
-        let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
-        for i in 1000..1500 {
-            run(&mut s, Op::Put(kr(&k(i)), &[1; 64])).unwrap();
-        }
-        s.flush();
-        settle_fully(&mut s);
-    }
-    let segs = segments(d.path());
-    assert_eq!(segs.len(), 2);
+    let segs = two_segments(d.path());
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(&segs[0])
@@ -563,23 +582,7 @@ fn faults_around_checkpoints_lose_no_returned_handle_and_hide_nothing() {
     use std::collections::BTreeMap;
 
     use common::checkpoint;
-    use stator_store::{CheckpointSpec, RestoreSpec};
 
-    const OWNER: &[u8] = b"job\0op";
-    let spec = |id| CheckpointSpec {
-        owner: OWNER.to_vec(),
-        checkpoint_id: id,
-        lo: 0,
-        hi: 15,
-        states: vec![1],
-        meta: Vec::new(),
-    };
-    let restore = RestoreSpec {
-        owner: OWNER,
-        lo: 0,
-        hi: 15,
-        states: &[1],
-    };
     // Key i is in key group i % 16 (see `kr`).
     let check = |s: &mut Store<SyncIo>, m: &BTreeMap<u32, u8>, what: &str| {
         for i in 0..600 {
@@ -669,7 +672,7 @@ fn faults_around_checkpoints_lose_no_returned_handle_and_hide_nothing() {
                 let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true))
                     .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
                 for (n, (h, want)) in handles.iter().enumerate() {
-                    s.restore(restore, &[h.as_slice()])
+                    s.restore(WHOLE, &[h.as_slice()])
                         .unwrap_or_else(|e| panic!("{what}: returned handle {n}: {e}"));
                     check(&mut s, want, &format!("{what}: restore of handle {n}"));
                 }
@@ -729,17 +732,8 @@ fn failing_flushes_leave_writes_their_room_and_a_clear_refusal() {
 /// completion does not delete it as never completed, and it restores.
 #[test]
 fn a_failed_completion_marker_is_reported_and_retried() {
-    use stator_store::{CheckpointSpec, Notify, RestoreSpec};
+    use stator_store::Notify;
 
-    const OWNER: &[u8] = b"job\0op";
-    let spec = |id| CheckpointSpec {
-        owner: OWNER.to_vec(),
-        checkpoint_id: id,
-        lo: 0,
-        hi: 15,
-        states: vec![1],
-        meta: Vec::new(),
-    };
     let d = tempfile::tempdir().unwrap();
     let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
     for i in 0..100 {
@@ -779,13 +773,7 @@ fn a_failed_completion_marker_is_reported_and_retried() {
         0,
         "checkpoint 1 is remembered as completed"
     );
-    let restore = RestoreSpec {
-        owner: OWNER,
-        lo: 0,
-        hi: 15,
-        states: &[1],
-    };
-    s.restore(restore, &[h1.as_slice()]).unwrap();
+    s.restore(WHOLE, &[h1.as_slice()]).unwrap();
     for i in 0..100 {
         assert_eq!(
             run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
