@@ -25,7 +25,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// The daemon's jemalloc options (this binary also runs it, `__statord`).
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 85] = statord::JEMALLOC_CONF;
+pub static MALLOC_CONF: &[u8; statord::JEMALLOC_CONF.len()] = statord::JEMALLOC_CONF;
 
 #[derive(Parser)]
 #[command(

@@ -27,7 +27,7 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// See [`statord::JEMALLOC_CONF`].
 #[cfg(feature = "jemalloc")]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-pub static MALLOC_CONF: &[u8; 85] = statord::JEMALLOC_CONF;
+pub static MALLOC_CONF: &[u8; statord::JEMALLOC_CONF.len()] = statord::JEMALLOC_CONF;
 
 #[derive(Parser, Debug)]
 #[command(
