@@ -21,6 +21,10 @@ pub(crate) const TOKEN_CANCEL: u64 = TOKEN_NOP + 3;
 /// A chunk slot handed to an export: this base plus the slot.
 pub(crate) const TOKEN_SLOT: u64 = TOKEN_NOP + (1 << 32);
 
+/// Checkpoint outcomes kept for an asynchronous part to collect, at most
+/// (as many as statord lets a subtask have pending).
+const KEPT_OUTCOMES: usize = 64;
+
 /// No key groups given: the daemon computes Flink's range of the subtask.
 const NO_KEY_GROUP: u32 = u32::MAX;
 
@@ -286,10 +290,29 @@ impl JniSession {
             .submit(&Request::checkpoint_notify(id, kind), TOKEN_NOTIFY)?;
         self.s.flush()?;
         let status = self.wait_done(TOKEN_NOTIFY)?.status;
-        // Checkpoints up to `id` are settled: forget the outcomes nobody
-        // waited for (an asynchronous part the engine cancelled).
-        self.done.retain(|t, _| *t >= TOKEN_NOP || *t > id);
+        self.forget_unclaimed_checkpoints();
         status
+    }
+
+    /// Bounds the outcomes of checkpoints nobody collected (an asynchronous
+    /// part the engine cancelled): the oldest past [`KEPT_OUTCOMES`] go.
+    /// Not every one up to a notification's id: the engine may notify a
+    /// later id (a savepoint's) while an earlier checkpoint's asynchronous
+    /// part still waits, and dropping its outcome failed that checkpoint
+    /// ("not in progress") and, with no tolerated failures, the job.
+    fn forget_unclaimed_checkpoints(&mut self) {
+        let mut ids: Vec<u64> = self
+            .done
+            .keys()
+            .copied()
+            .filter(|t| *t < TOKEN_NOP)
+            .collect();
+        if ids.len() > KEPT_OUTCOMES {
+            ids.sort_unstable();
+            for t in &ids[..ids.len() - KEPT_OUTCOMES] {
+                self.done.remove(t);
+            }
+        }
     }
 
     /// Empties the session's state (every state of its operator in its key
