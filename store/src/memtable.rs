@@ -22,6 +22,10 @@ use crate::prefetch::line as prefetch;
 
 /// Log chunk size: one huge page each (see `hugemem`).
 pub(crate) const CHUNK: usize = 2 << 20;
+
+/// Log chunks a memtable keeps mapped ahead of its tail (see
+/// [`Memtable::keep_spares`]).
+pub(crate) const SPARES_AHEAD: usize = 2;
 const CHUNK_BITS: u32 = 21;
 /// `u8 kind | u8 0 | u16 key_len | u32 value_len | u64 prev (addr+1 or 0)`.
 const REC_HEADER: usize = 16;
@@ -110,8 +114,7 @@ impl Memtable {
         &mut self,
         recycled: impl FnOnce() -> Option<HugeArray<u8>>,
     ) -> Option<(usize, usize)> {
-        const AHEAD: usize = 2;
-        if self.spares.len() >= AHEAD {
+        if self.spares.len() >= SPARES_AHEAD {
             return None;
         }
         if let Some(c) = recycled() {
@@ -121,6 +124,14 @@ impl Memtable {
         self.spares.push_back(HugeArray::zeroed(CHUNK));
         let c = self.spares.back().expect("just pushed");
         Some((c.as_ptr() as usize, c.len()))
+    }
+
+    /// Hands this memtable's spare chunks to `next` (at its freeze: a
+    /// frozen memtable appends nothing more, and a memtable frozen early,
+    /// for a checkpoint, would otherwise hold two idle chunks until its
+    /// flush lands).
+    pub fn give_spares(&mut self, next: &mut Memtable) {
+        next.spares.append(&mut self.spares);
     }
 
     /// The log chunks (spares included) and the index, for reuse.
@@ -143,6 +154,12 @@ impl Memtable {
     /// Bytes of records appended (the memtable's size for flushing).
     pub fn log_bytes(&self) -> usize {
         self.log_bytes
+    }
+
+    /// Bytes its records take (log, index, map key set), without the
+    /// unwritten rest of its chunks: grows a write at a time.
+    pub fn written_bytes(&self) -> usize {
+        self.log_bytes + self.slots.len() * 8 + self.map_key_bytes
     }
 
     /// Bytes of memory held (chunks, index, map key set).

@@ -10,9 +10,14 @@
 //! memtables as they are; its index is cleared by the thread that
 //! releases it, off the request path.
 //!
-//! At most one memtable's worth is kept, and it counts as memtable memory
-//! ([`Reuse::bytes`]): the memory budget plans for two memtables, one
-//! flushing and one filling, and the filling one draws from here.
+//! It counts as memtable memory ([`Reuse::bytes`]): the memory budget
+//! plans for two memtables, one flushing and one filling, and the filling
+//! one draws from here. So a flushed memtable leaves behind only what the
+//! filling one can still draw before it is frozen in turn
+//! ([`release`]'s `keep`): kept whole, a memtable's worth waited here
+//! beside a full active memtable and a frozen one, three memtables where
+//! the budget plans two (the hostile soak saw the daemon's memory pass its
+//! budget by half).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -58,14 +63,16 @@ impl Reuse {
         }
     }
 
-    /// Takes `m`'s memory for later memtables (what does not fit is
-    /// unmapped). Clears its index: call it off the request path.
-    pub fn recycle(&self, m: Memtable) {
+    /// Takes `m`'s memory for later memtables, up to `keep` bytes of log
+    /// chunks in all (what does not fit is unmapped). Clears its index:
+    /// call it off the request path.
+    pub fn recycle(&self, m: Memtable, keep: usize) {
         let (chunks, mut index) = m.into_memory();
+        let max_chunks = self.max_chunks.min(keep.div_ceil(CHUNK));
         {
             let mut kept = lock(&self.chunks);
             for c in chunks {
-                if c.len() == CHUNK && kept.len() < self.max_chunks {
+                if c.len() == CHUNK && kept.len() < max_chunks {
                     kept.push(c);
                 }
             }
@@ -85,18 +92,19 @@ impl Reuse {
     }
 }
 
-/// Hands a flushed memtable's memory to `reuse` on a helper thread
+/// Hands a flushed memtable's memory to `reuse` (up to `keep` bytes of
+/// log chunks in the pool, see [`Reuse::recycle`]) on a helper thread
 /// (clearing a large index, or unmapping what is not kept, takes
 /// milliseconds a shard must not spend), or drops it here when no thread
 /// can be started. Another holder of `mem` (an export reading it) keeps
 /// it alive, and it is simply dropped.
-pub fn release(mem: Arc<Memtable>, reuse: &Arc<Reuse>) {
+pub fn release(mem: Arc<Memtable>, reuse: &Arc<Reuse>, keep: usize) {
     let incoming = Incoming::new(reuse, mem.memory_bytes());
     // If no thread starts, the closure, and the memtable with it, is
     // dropped here.
     let _ = crate::helper::spawn("stator-release", move || {
         if let Ok(m) = Arc::try_unwrap(mem) {
-            incoming.0.recycle(m);
+            incoming.0.recycle(m, keep);
         }
         drop(incoming);
     });
@@ -139,7 +147,7 @@ mod tests {
             m.write(Kind::Put, &k, hash(&k), &[7; 40]);
         }
         let index_len = m.index_range().1 / 8;
-        r.recycle(m);
+        r.recycle(m, usize::MAX);
         assert_eq!(r.bytes(), 4 * CHUNK + index_len * 8, "capped at 4 chunks");
         let ix = r.take_index(index_len).expect("the index is kept");
         assert!(ix.iter().all(|&s| s == 0), "and cleared");
@@ -160,6 +168,30 @@ mod tests {
     }
 
     #[test]
+    fn the_pool_keeps_no_more_than_it_is_told_to() {
+        let r = Reuse::new(64 * CHUNK);
+        let fill = |n: u32| {
+            let mut m = Memtable::new(1 << 12);
+            for i in 0..n {
+                let k = i.to_be_bytes();
+                m.write(Kind::Put, &k, hash(&k), &[3; 100]);
+            }
+            m
+        };
+        let m = fill(100_000);
+        let index = m.index_range().1;
+        assert!(m.memory_bytes() - index > 4 * CHUNK, "more than it keeps");
+        // Room for two chunks and a byte: three are kept.
+        r.recycle(m, 2 * CHUNK + 1);
+        assert_eq!(r.bytes(), 3 * CHUNK + index);
+        // A pool already at the bound keeps nothing more.
+        r.recycle(fill(100_000), CHUNK);
+        assert_eq!(r.bytes(), 3 * CHUNK + index);
+        r.recycle(fill(100_000), 0);
+        assert_eq!(r.bytes(), 3 * CHUNK + index);
+    }
+
+    #[test]
     fn a_released_memtable_counts_from_the_moment_it_is_let_go() {
         let r = Arc::new(Reuse::new(64 * CHUNK));
         let mut m = Memtable::new(1 << 12);
@@ -168,7 +200,7 @@ mod tests {
             m.write(Kind::Put, &k, hash(&k), &[1; 40]);
         }
         let bytes = m.memory_bytes();
-        release(Arc::new(m), &r);
+        release(Arc::new(m), &r, usize::MAX);
         assert!(r.bytes() > 0, "counted before the helper ran");
         let t = std::time::Instant::now();
         while r.incoming.load(Ordering::Relaxed) > 0 {

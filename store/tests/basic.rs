@@ -5,7 +5,7 @@ mod common;
 use common::{Owned, run};
 
 use stator_store::io::{Io, SyncIo, UringIo};
-use stator_store::{IterMode, KeyRef, Op, StateKind, Store, StoreConfig};
+use stator_store::{CheckpointSpec, IterMode, KeyRef, Op, StateKind, Store, StoreConfig};
 
 fn k(kg: u16, key: &[u8]) -> KeyRef<'_> {
     KeyRef {
@@ -457,4 +457,44 @@ fn writes_run_out_of_room_while_a_flush_lags_and_get_it_back() {
     assert_eq!(st.write_stalls, 1);
     assert!(st.write_stall_time > std::time::Duration::ZERO);
     assert!(st.flushes >= 1);
+}
+
+/// Memtables frozen early (each checkpoint freezes one) count all the
+/// memory they hold while their flushes wait, not only their records: a
+/// pile of nearly empty ones, each a log chunk and an index, runs the
+/// room out as full ones would, and the memtables stay within the plan.
+#[test]
+fn memtables_frozen_by_checkpoints_count_their_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(4 << 20);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    let room = s.write_room();
+    let mut frozen = 0u64;
+    // Neither `write_batch` nor `checkpoint` polls: no flush lands.
+    while s.write_room() > 0 {
+        s.write_batch(&[Op::Put(k(1, &frozen.to_be_bytes()), b"v")])
+            .unwrap();
+        let spec = CheckpointSpec {
+            owner: b"o".to_vec(),
+            checkpoint_id: frozen + 1,
+            lo: 0,
+            hi: 0,
+            states: vec![1],
+            meta: Vec::new(),
+        };
+        s.checkpoint(frozen + 1, spec).unwrap();
+        frozen += 1;
+        assert!(frozen < 40, "forty memtables frozen and room is left");
+    }
+    // Each held a 2 MiB log chunk and its index for a record of a few
+    // bytes: counted by records alone, the room would hardly have moved.
+    assert!(frozen >= 3, "the room ran out after {frozen} memtables");
+    // Beside the room, the plan holds the active memtable's chunk and the
+    // two it maps ahead.
+    let used = s.memory().memtables;
+    let plan = room + (3 << 21);
+    assert!(used <= plan, "memtables hold {used} B, the plan {plan} B");
+    s.settle();
+    assert!(s.write_room() > room / 2, "the flushes gave the room back");
 }

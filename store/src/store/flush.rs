@@ -167,7 +167,14 @@ impl<I: Io> Store<I> {
             .expect("the flushed memtable is the oldest frozen one");
         debug_assert!(Arc::ptr_eq(&done, &j.mem));
         drop(j.mem);
-        crate::reuse::release(done, &self.reuse);
+        // The pool keeps what the active memtable can still draw before
+        // it is frozen: the memtables then hold at most two memtables'
+        // worth, as the budget plans (see `crate::reuse`).
+        let keep = self
+            .cfg
+            .memtable_bytes()
+            .saturating_sub(self.active.log_bytes());
+        crate::reuse::release(done, &self.reuse, keep);
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);
         self.export_layer_flushed(&seg);

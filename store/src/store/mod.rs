@@ -1022,22 +1022,43 @@ impl<I: Io> Store<I> {
     }
 
     /// Bytes writes may add before the memtables (the active one, and
-    /// those frozen until their flush lands) hold two memtables' worth,
-    /// all the memory budget plans for them. A caller that takes writes
-    /// should stop at this (after at least one, so a write larger than
-    /// the room still goes in: the memtables then pass the plan by at
-    /// most one write, [`MAX_VALUE_LEN`]) and leave the rest queued. With
-    /// background work failing (a full disk) it is unbounded: writes go on
-    /// until the memtables pass the whole budget and are refused with the
-    /// failure as their cause (`check_memory`), rather than wait in
-    /// silence for as long as the failure lasts.
+    /// those frozen until their flush lands) hold two memtables' worth of
+    /// memory, all the memory budget plans for them
+    /// ([`Store::memtable_plan`]). A caller that takes writes should stop
+    /// at this (after at least one, so a write larger than the room still
+    /// goes in: the memtables then pass the plan by at most one write,
+    /// [`MAX_VALUE_LEN`]) and leave the rest queued. Frozen memtables count
+    /// all the memory they hold: checkpoints freeze memtables early, and
+    /// many small ones waiting for their flushes each hold a log chunk and
+    /// an index (the hostile soak piled up fourteen). The active one counts
+    /// its log and index as they grow (its chunks mapped ahead are in the
+    /// plan), so the room falls a write at a time. With background work
+    /// failing (a full disk) it is unbounded: writes go on until the
+    /// memtables pass the whole budget and are refused with the failure as
+    /// their cause (`check_memory`), rather than wait in silence for as
+    /// long as the failure lasts.
     pub fn write_room(&self) -> usize {
         if self.stats.last_background_error.is_some() {
             return usize::MAX;
         }
-        let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
-        let used = frozen + self.active.log_bytes();
-        (2 * self.cfg.memtable_bytes().max(1)).saturating_sub(used)
+        let frozen: usize = self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum();
+        let used = frozen + self.active.written_bytes();
+        self.memtable_plan().saturating_sub(used)
+    }
+
+    /// The memory the budget plans for memtables: two full ones (one
+    /// flushing, one filling), each its log and its index (as large as the
+    /// largest one now: small records grow an index past the size it
+    /// starts with), and the filling one's chunks mapped ahead.
+    fn memtable_plan(&self) -> usize {
+        use crate::memtable::{CHUNK, SPARES_AHEAD};
+        let index = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|(_, m)| &**m))
+            .map(|m| m.index_range().1)
+            .max()
+            .unwrap_or(0)
+            .max(Memtable::index_len(initial_entries(&self.cfg)) * 8);
+        2 * (self.cfg.memtable_bytes().next_multiple_of(CHUNK) + index) + (SPARES_AHEAD + 1) * CHUNK
     }
 
     /// When a flush or compaction step must end: `background_slice` from

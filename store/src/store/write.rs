@@ -196,7 +196,8 @@ impl<I: Io> Store<I> {
         };
         let index = self.reuse.take_index(Memtable::index_len(entries));
         let fresh = index.is_none();
-        let m = std::mem::replace(&mut self.active, Memtable::with_index(entries, index));
+        let mut m = std::mem::replace(&mut self.active, Memtable::with_index(entries, index));
+        m.give_spares(&mut self.active);
         if fresh {
             let (addr, len) = self.active.index_range();
             self.io.prefault(addr, len);
