@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod notify;
 pub mod shard;
 pub mod status;
+pub mod status_schema;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;

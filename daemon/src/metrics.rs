@@ -280,17 +280,24 @@ impl Tally {
 }
 
 /// A session as the status socket shows it.
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(test, derive(schemars::JsonSchema))]
 pub struct SessionReport {
+    /// The session's id (unique while the daemon runs).
     pub id: u64,
+    /// The shard that serves it.
     pub shard: usize,
     pub job: String,
     pub operator: String,
+    /// Its subtask index, parallelism and maximum parallelism (the number
+    /// of key groups), as its Open said.
     pub subtask: u32,
     pub parallelism: u32,
     pub max_parallelism: u32,
+    /// The key groups it owns, `lo..=hi`.
     pub key_group_lo: u16,
     pub key_group_hi: u16,
+    /// States it registered.
     pub states: usize,
     /// Requests in the daemon (taken, not yet completed).
     pub in_flight: u32,
@@ -304,8 +311,9 @@ pub struct SessionReport {
     pub requests: u64,
     /// It broke the queue protocol: told so (QUEUE_BROKEN) and closed.
     pub broken: bool,
-    /// Seconds since the Unix epoch.
+    /// When it opened, seconds since the Unix epoch.
     pub opened_unix: u64,
+    /// A portable snapshot export or import is under way.
     pub export_in_progress: bool,
     pub import_in_progress: bool,
 }

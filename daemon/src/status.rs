@@ -34,12 +34,15 @@ use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
-use serde_json::json;
 use stator_store::TierStats;
 use stator_store::remote::{GET_BUCKETS, RemoteStats};
 
 use crate::control::Ctx;
 use crate::metrics::{BUCKETS, OPS, OpSnapshot, ShardReport, bucket_bound_s, op_name};
+use crate::status_schema::{
+    CheckpointStatus, Disk, Errors, Memory, OpStats, RemoteStatus, ServeState, ShardStatus, Status,
+    StoreStatus,
+};
 
 /// A shard whose loop has not moved for this long is stuck.
 pub const STUCK_AFTER: Duration = Duration::from_secs(5);
@@ -257,7 +260,7 @@ fn route<B>(
     }
     let mut r = match (req.uri().path(), gathered) {
         ("/status", Some(g)) => {
-            let mut body = serde_json::to_vec_pretty(&g.status_json()).expect("JSON");
+            let mut body = serde_json::to_vec_pretty(&g.status()).expect("JSON");
             body.push(b'\n');
             reply(StatusCode::OK, "application/json", body)
         }
@@ -393,14 +396,13 @@ impl Gathered {
             .fold(Default::default(), |a, (r, _)| a + r.memory)
     }
 
-    fn status_json(&self) -> serde_json::Value {
-        let mem = self.memory();
+    fn status(&self) -> Status {
         let now_unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let mut sessions = Vec::new();
         let mut checkpoints = Vec::new();
-        let mut errors = stuck_text(&self.stuck);
+        let mut problems = stuck_text(&self.stuck);
         let shards: Vec<_> = self
             .shards
             .iter()
@@ -409,145 +411,143 @@ impl Gathered {
                 sessions.extend(r.sessions.iter().cloned());
                 for c in &r.checkpoints {
                     let mut parts = c.owner.splitn(2, |&b| b == 0);
-                    let job = String::from_utf8_lossy(parts.next().unwrap_or_default());
-                    let op = String::from_utf8_lossy(parts.next().unwrap_or_default());
-                    checkpoints.push(json!({
-                        "shard": i,
-                        "job": job,
-                        "operator": op,
-                        "checkpoint_id": c.checkpoint_id,
-                        "key_group_lo": c.lo,
-                        "key_group_hi": c.hi,
-                        "handle": hex(&c.handle),
-                        "segments": c.segments,
-                        "completed": c.completed,
-                        "manifest": c.seq,
-                    }));
+                    let mut name =
+                        || String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+                    checkpoints.push(CheckpointStatus {
+                        shard: i as u64,
+                        job: name(),
+                        operator: name(),
+                        checkpoint_id: c.checkpoint_id,
+                        key_group_lo: c.lo,
+                        key_group_hi: c.hi,
+                        handle: hex(&c.handle),
+                        segments: c.segments as u64,
+                        completed: c.completed,
+                        manifest: c.seq,
+                    });
                 }
-                let age = r.at.elapsed();
                 if let Some(e) = &r.store.last_background_error {
-                    errors.push(format!("shard {i}: {e}"));
+                    problems.push(format!("shard {i}: {e}"));
                 }
-                let m = &r.memory;
-                json!({
-                    "id": i,
-                    "report_age_ms": age.as_millis() as u64,
-                    "stuck": self.stuck.iter().any(|s| s.0 == i),
-                    "requests": requests,
-                    "sessions": r.sessions.len(),
-                    "in_flight": r.sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
-                    "memory": memory_json(m),
-                    "store": {
-                        "segments": r.store.segments,
-                        "segment_bytes": r.store.segment_bytes,
-                        "flushes": r.store.flushes,
-                        "compactions": r.store.compactions,
-                        "torn_files": r.store.torn_kept,
-                        "torn_files_removed": r.store.torn_removed,
-                        "write_stalls": r.store.write_stalls,
-                        "write_stall_ms": r.store.write_stall_time.as_millis() as u64,
-                        "block_reads": r.store.block_reads,
-                        "cache_hits": r.store.cache_hits,
-                        "cache_misses": r.store.cache_misses,
-                        "pending_reads": r.store.pending_reads,
-                        "checkpoints_retained": r.store.checkpoints_retained,
-                        "checkpoints_in_progress": r.store.checkpoints_in_progress,
-                        "last_background_error": r.store.last_background_error.as_ref().map(|e| e.to_string()),
+                let st = &r.store;
+                ShardStatus {
+                    id: i as u64,
+                    report_age_ms: r.at.elapsed().as_millis() as u64,
+                    stuck: self.stuck.iter().any(|s| s.0 == i),
+                    requests: *requests,
+                    sessions: r.sessions.len() as u64,
+                    in_flight: r.sessions.iter().map(|s| u64::from(s.in_flight)).sum(),
+                    memory: Memory::from(&r.memory),
+                    store: StoreStatus {
+                        segments: st.segments as u64,
+                        segment_bytes: st.segment_bytes,
+                        flushes: st.flushes,
+                        compactions: st.compactions,
+                        torn_files: st.torn_kept as u64,
+                        torn_files_removed: st.torn_removed as u64,
+                        write_stalls: st.write_stalls,
+                        write_stall_ms: st.write_stall_time.as_millis() as u64,
+                        block_reads: st.block_reads,
+                        cache_hits: st.cache_hits,
+                        cache_misses: st.cache_misses,
+                        pending_reads: st.pending_reads as u64,
+                        checkpoints_retained: st.checkpoints_retained as u64,
+                        checkpoints_in_progress: st.checkpoints_in_progress as u64,
+                        last_background_error: st
+                            .last_background_error
+                            .as_ref()
+                            .map(|e| e.to_string()),
                     },
-                    "remote": r.store.remote.as_ref().map(|t| {
-                        let live = r.remote.as_deref();
-                        let get = |f: fn(&RemoteStats) -> &AtomicU64| {
-                            live.map_or(0, |s| f(s).load(Ordering::Relaxed))
-                        };
-                        json!({
-                            "objects": t.objects,
-                            "evicted_segments": t.evicted_segments,
-                            "local_cache_bytes": t.local_cache_bytes,
-                            "local_cache_budget_bytes": t.local_cache_budget,
-                            "local_block_reads": t.local_block_reads,
-                            "remote_block_reads": t.remote_block_reads,
-                            "evictions": t.evictions,
-                            "writebacks": t.writebacks,
-                            "refetched": t.refetched,
-                            "uploads_failed": t.uploads_failed,
-                            "deletes_failed": t.deletes_failed,
-                            "last_error": t.last_error,
-                            "gets": get(|s| &s.gets),
-                            "gets_in_flight": get(|s| &s.gets_in_flight),
-                            "bytes_fetched": get(|s| &s.bytes_fetched),
-                            "uploads_pending": get(|s| &s.uploads_pending),
-                            "bytes_uploaded": get(|s| &s.bytes_uploaded),
-                            "retries": get(|s| &s.retries),
-                            "errors": get(|s| &s.errors),
-                        })
-                    }),
-                })
+                    remote: st
+                        .remote
+                        .as_ref()
+                        .map(|t| remote_status(t, r.remote.as_deref())),
+                }
             })
             .collect();
-        let request_errors: u64 = self.ops.errors.iter().sum();
         // Per operation: counts, and latency buckets (not cumulative; upper
         // bounds in `latency_bucket_bounds_s`) so a reader can take
         // quantiles over any interval from two reads.
-        let ops: serde_json::Map<String, serde_json::Value> = (0..=OPS)
+        let ops = (0..=OPS)
             .map(|i| {
                 let lat = self.ops.latency.get(i);
-                (
-                    op_name(i),
-                    json!({
-                        "requests": self.ops.requests[i],
-                        "errors": self.ops.errors[i],
-                        "latency_sum_s": lat.map_or(0.0, |h| h.sum_ns as f64 / 1e9),
-                        "latency_buckets": lat.map_or(vec![0; BUCKETS], |h| h.buckets.to_vec()),
-                    }),
-                )
+                let op = OpStats {
+                    requests: self.ops.requests[i],
+                    errors: self.ops.errors[i],
+                    latency_sum_s: lat.map_or(0.0, |h| h.sum_ns as f64 / 1e9),
+                    latency_buckets: lat.map_or(vec![0; BUCKETS], |h| h.buckets.to_vec()),
+                };
+                (op_name(i), op)
             })
             .collect();
-        let bounds: Vec<Option<f64>> = (0..BUCKETS)
+        let latency_bucket_bounds_s = (0..BUCKETS)
             .map(|i| Some(bucket_bound_s(i)).filter(|b| b.is_finite()))
             .collect();
-        json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "pid": std::process::id(),
-            "uptime_s": self.uptime.as_secs_f64(),
-            "now_unix": now_unix,
-            "state": if self.stopping { "stopping" } else { "serving" },
-            "sessions_open": self.sessions_open,
-            "max_sessions": self.max_sessions,
-            "requests": self.ops.requests.iter().sum::<u64>(),
-            "in_flight": sessions.iter().map(|s| s.in_flight as u64).sum::<u64>(),
-            "memory": memory_json(&mem),
-            "disk": {
-                "data_dir": self.data_dir.display().to_string(),
-                "used_bytes": self.data_dir_bytes,
-                "segment_bytes": self.shards.iter().map(|(r, _)| r.store.segment_bytes).sum::<u64>(),
-                "segments": self.shards.iter().map(|(r, _)| r.store.segments).sum::<usize>(),
+        let store = |f: fn(&stator_store::StoreStats) -> u64| {
+            self.shards.iter().map(|(r, _)| f(&r.store)).sum::<u64>()
+        };
+        Status {
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_s: self.uptime.as_secs_f64(),
+            now_unix,
+            state: if self.stopping {
+                ServeState::Stopping
+            } else {
+                ServeState::Serving
             },
-            "ops": ops,
-            "latency_bucket_bounds_s": bounds,
-            "shards": shards,
-            "sessions": sessions,
-            "checkpoints": checkpoints,
-            "errors": {
-                "request_errors": request_errors,
-                "problems": errors,
+            sessions_open: self.sessions_open as u64,
+            max_sessions: self.max_sessions as u64,
+            requests: self.ops.requests.iter().sum(),
+            in_flight: sessions.iter().map(|s| u64::from(s.in_flight)).sum(),
+            memory: Memory::from(&self.memory()),
+            disk: Disk {
+                data_dir: self.data_dir.display().to_string(),
+                used_bytes: self.data_dir_bytes,
+                segment_bytes: store(|s| s.segment_bytes),
+                segments: store(|s| s.segments as u64),
             },
-        })
+            ops,
+            latency_bucket_bounds_s,
+            shards,
+            sessions,
+            checkpoints,
+            errors: Errors {
+                request_errors: self.ops.errors.iter().sum(),
+                problems,
+            },
+        }
+    }
+}
+
+/// A shard's remote tier: the store's counters and the client's live
+/// ones (zero without them).
+fn remote_status(t: &TierStats, live: Option<&RemoteStats>) -> RemoteStatus {
+    let get = |f: fn(&RemoteStats) -> &AtomicU64| live.map_or(0, |s| f(s).load(Ordering::Relaxed));
+    RemoteStatus {
+        objects: t.objects as u64,
+        evicted_segments: t.evicted_segments as u64,
+        local_cache_bytes: t.local_cache_bytes,
+        local_cache_budget_bytes: t.local_cache_budget,
+        local_block_reads: t.local_block_reads,
+        remote_block_reads: t.remote_block_reads,
+        evictions: t.evictions,
+        writebacks: t.writebacks,
+        refetched: t.refetched,
+        uploads_failed: t.uploads_failed,
+        deletes_failed: t.deletes_failed,
+        last_error: t.last_error.clone(),
+        gets: get(|s| &s.gets),
+        gets_in_flight: get(|s| &s.gets_in_flight),
+        bytes_fetched: get(|s| &s.bytes_fetched),
+        uploads_pending: get(|s| &s.uploads_pending),
+        bytes_uploaded: get(|s| &s.bytes_uploaded),
+        retries: get(|s| &s.retries),
+        errors: get(|s| &s.errors),
     }
 }
 
 type Fmt = std::fmt::Result;
-
-/// A store's memory (or all stores'), as `/status` shows it.
-fn memory_json(m: &stator_store::MemoryUsage) -> serde_json::Value {
-    json!({
-        "used_bytes": m.total(),
-        "budget_bytes": m.budget,
-        "memtables_bytes": m.memtables,
-        "block_cache_bytes": m.block_cache,
-        "indexes_and_filters_bytes": m.indexes_and_filters,
-        "background_bytes": m.background,
-    })
-}
 
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> Fmt {
     e.encode_descriptor(name, help, None, MetricType::Gauge)?

@@ -21,11 +21,11 @@ use clap::{Args as ClapArgs, Parser, Subcommand};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::Value;
 use stator_client::{Error as ClientError, OpenOptions, Request, Session};
 use statord::config::{Config, ConfigError};
 use statord::metrics::HistSnapshot;
 use statord::status::{hex, unhex};
+use statord::status_schema::{CheckpointStatus, ServeState, SessionReport, Status};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -199,17 +199,18 @@ fn run(args: Args) -> Res<()> {
     let ctl = Ctl { run_dir, rt };
     match args.command {
         Command::Status { json } => {
-            let s = ctl.status()?;
             if json {
-                println!("{}", pretty(&s));
+                // As the daemon sent it (a newer daemon's fields too).
+                let (_, body) = ctl.status_body()?;
+                println!("{}", body.trim_end());
             } else {
-                print_status(&s);
+                print_status(&ctl.status()?);
             }
         }
         Command::Sessions { json } => {
             let s = ctl.status()?;
             if json {
-                println!("{}", pretty(&s["sessions"]));
+                println!("{}", pretty(&s.sessions));
             } else {
                 print_sessions(&s);
             }
@@ -220,20 +221,14 @@ fn run(args: Args) -> Res<()> {
             operator,
         } => {
             let s = ctl.status()?;
-            let list: Vec<&Value> = arr(&s["checkpoints"])
+            let list: Vec<&CheckpointStatus> = s
+                .checkpoints
                 .iter()
-                .filter(|c| job.as_ref().is_none_or(|j| c["job"] == j.as_str()))
-                .filter(|c| {
-                    operator
-                        .as_ref()
-                        .is_none_or(|o| c["operator"] == o.as_str())
-                })
+                .filter(|c| job.as_ref().is_none_or(|j| c.job == *j))
+                .filter(|c| operator.as_ref().is_none_or(|o| c.operator == *o))
                 .collect();
             if json {
-                println!(
-                    "{}",
-                    pretty(&Value::from(list.into_iter().cloned().collect::<Vec<_>>()))
-                );
+                println!("{}", pretty(&list));
             } else {
                 print_checkpoints(&list);
             }
@@ -346,7 +341,8 @@ impl Ctl {
         })
     }
 
-    fn status(&self) -> Res<Value> {
+    /// `GET /status`, as sent.
+    fn status_body(&self) -> Res<(u16, String)> {
         let (code, body) = self.get("/status")?;
         if code != 200 {
             return Err(Fail::run(format!(
@@ -354,7 +350,17 @@ impl Ctl {
                 body.trim()
             )));
         }
-        serde_json::from_str(&body).map_err(|e| Fail::run(format!("/status is not JSON: {e}")))
+        Ok((code, body))
+    }
+
+    /// `GET /status`, read into its schema (`statord::status_schema`).
+    fn status(&self) -> Res<Status> {
+        let (_, body) = self.status_body()?;
+        serde_json::from_str(&body).map_err(|e| {
+            Fail::run(format!(
+                "/status does not match this statorctl's schema (a statord of another version?): {e}"
+            ))
+        })
     }
 
     fn open(&self, who: &Who) -> Res<Session> {
@@ -369,16 +375,8 @@ impl Ctl {
     }
 }
 
-fn pretty(v: &Value) -> String {
+fn pretty(v: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(v).expect("JSON")
-}
-
-fn arr(v: &Value) -> &[Value] {
-    v.as_array().map_or(&[], |a| a.as_slice())
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
 }
 
 fn bytes(n: u64) -> String {
@@ -443,71 +441,71 @@ fn table(head: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn print_status(s: &Value) {
-    let m = &s["memory"];
-    let used = u(&m["used_bytes"]);
-    let budget = u(&m["budget_bytes"]).max(1);
+fn print_status(s: &Status) {
+    let m = &s.memory;
+    let budget = m.budget_bytes.max(1);
+    let state = match s.state {
+        ServeState::Serving => "serving",
+        ServeState::Stopping => "stopping",
+    };
     println!(
-        "statord {} (pid {}), {}, up {}",
-        s["version"].as_str().unwrap_or("?"),
-        u(&s["pid"]),
-        s["state"].as_str().unwrap_or("?"),
-        duration(s["uptime_s"].as_f64().unwrap_or(0.0))
+        "statord {} (pid {}), {state}, up {}",
+        s.version,
+        s.pid,
+        duration(s.uptime_s)
     );
     println!(
         "sessions   {} open (max {})",
-        u(&s["sessions_open"]),
-        u(&s["max_sessions"])
+        s.sessions_open, s.max_sessions
     );
     println!(
         "requests   {} served, {} in flight, {} failed",
-        u(&s["requests"]),
-        u(&s["in_flight"]),
-        u(&s["errors"]["request_errors"])
+        s.requests, s.in_flight, s.errors.request_errors
     );
     println!(
         "memory     {} of {} ({:.0}%): memtables {}, block cache {}, indexes and filters {}",
-        bytes(used),
+        bytes(m.used_bytes),
         bytes(budget),
-        used as f64 * 100.0 / budget as f64,
-        bytes(u(&m["memtables_bytes"])),
-        bytes(u(&m["block_cache_bytes"])),
-        bytes(u(&m["indexes_and_filters_bytes"]))
+        m.used_bytes as f64 * 100.0 / budget as f64,
+        bytes(m.memtables_bytes),
+        bytes(m.block_cache_bytes),
+        bytes(m.indexes_and_filters_bytes)
     );
-    let d = &s["disk"];
+    let d = &s.disk;
     println!(
         "disk       {} under {} ({} live segments, {})",
-        bytes(u(&d["used_bytes"])),
-        d["data_dir"].as_str().unwrap_or("?"),
-        u(&d["segments"]),
-        bytes(u(&d["segment_bytes"]))
+        bytes(d.used_bytes),
+        d.data_dir,
+        d.segments,
+        bytes(d.segment_bytes)
     );
-    println!("checkpoints {} retained", arr(&s["checkpoints"]).len());
+    println!("checkpoints {} retained", s.checkpoints.len());
     println!();
-    let rows: Vec<Vec<String>> = arr(&s["shards"])
+    let rows: Vec<Vec<String>> = s
+        .shards
         .iter()
         .map(|h| {
-            let st = &h["store"];
-            let (hits, misses) = (u(&st["cache_hits"]), u(&st["cache_misses"]));
+            let st = &h.store;
+            let (hits, misses) = (st.cache_hits, st.cache_misses);
             vec![
-                u(&h["id"]).to_string(),
-                u(&h["sessions"]).to_string(),
-                u(&h["requests"]).to_string(),
-                u(&h["in_flight"]).to_string(),
+                h.id.to_string(),
+                h.sessions.to_string(),
+                h.requests.to_string(),
+                h.in_flight.to_string(),
                 format!(
                     "{} / {}",
-                    bytes(u(&h["memory"]["used_bytes"])),
-                    bytes(u(&h["memory"]["budget_bytes"]))
+                    bytes(h.memory.used_bytes),
+                    bytes(h.memory.budget_bytes)
                 ),
-                u(&st["segments"]).to_string(),
+                st.segments.to_string(),
                 if hits + misses == 0 {
                     "-".into()
                 } else {
                     format!("{:.1}%", hits as f64 * 100.0 / (hits + misses) as f64)
                 },
-                u(&st["flushes"]).to_string(),
-                u(&st["compactions"]).to_string(),
-                format!("{}ms", u(&h["report_age_ms"])),
+                st.flushes.to_string(),
+                st.compactions.to_string(),
+                format!("{}ms", h.report_age_ms),
             ]
         })
         .collect();
@@ -526,38 +524,37 @@ fn print_status(s: &Value) {
         ],
         &rows,
     );
-    let problems = arr(&s["errors"]["problems"]);
-    if !problems.is_empty() {
+    if !s.errors.problems.is_empty() {
         println!("\nproblems:");
-        for p in problems {
-            println!("  {}", p.as_str().unwrap_or("?"));
+        for p in &s.errors.problems {
+            println!("  {p}");
         }
     }
 }
 
-fn print_sessions(s: &Value) {
-    let now = u(&s["now_unix"]);
-    let rows: Vec<Vec<String>> = arr(&s["sessions"])
+fn print_sessions(s: &Status) {
+    let rows: Vec<Vec<String>> = s
+        .sessions
         .iter()
         .map(|x| {
             vec![
-                u(&x["id"]).to_string(),
-                u(&x["shard"]).to_string(),
-                x["job"].as_str().unwrap_or("").into(),
-                x["operator"].as_str().unwrap_or("").into(),
-                format!("{}/{}", u(&x["subtask"]), u(&x["parallelism"])),
-                format!("{}..={}", u(&x["key_group_lo"]), u(&x["key_group_hi"])),
-                u(&x["states"]).to_string(),
-                u(&x["in_flight"]).to_string(),
-                format!("{}/{}", u(&x["sq_depth"]), u(&x["sq_entries"])),
-                format!("{}/{}", u(&x["cq_depth"]), u(&x["cq_entries"])),
-                u(&x["requests"]).to_string(),
-                duration(now.saturating_sub(u(&x["opened_unix"])) as f64),
-                if x["broken"] == true {
+                x.id.to_string(),
+                x.shard.to_string(),
+                x.job.clone(),
+                x.operator.clone(),
+                format!("{}/{}", x.subtask, x.parallelism),
+                format!("{}..={}", x.key_group_lo, x.key_group_hi),
+                x.states.to_string(),
+                x.in_flight.to_string(),
+                format!("{}/{}", x.sq_depth, x.sq_entries),
+                format!("{}/{}", x.cq_depth, x.cq_entries),
+                x.requests.to_string(),
+                duration(s.now_unix.saturating_sub(x.opened_unix) as f64),
+                if x.broken {
                     "broken".into()
-                } else if x["export_in_progress"] == true {
+                } else if x.export_in_progress {
                     "exporting".into()
-                } else if x["import_in_progress"] == true {
+                } else if x.import_in_progress {
                     "importing".into()
                 } else {
                     "ok".into()
@@ -589,7 +586,7 @@ fn print_sessions(s: &Value) {
     );
 }
 
-fn print_checkpoints(list: &[&Value]) {
+fn print_checkpoints(list: &[&CheckpointStatus]) {
     if list.is_empty() {
         println!("no retained checkpoints");
         return;
@@ -598,14 +595,14 @@ fn print_checkpoints(list: &[&Value]) {
         .iter()
         .map(|c| {
             vec![
-                c["job"].as_str().unwrap_or("").into(),
-                c["operator"].as_str().unwrap_or("").into(),
-                u(&c["checkpoint_id"]).to_string(),
-                format!("{}..={}", u(&c["key_group_lo"]), u(&c["key_group_hi"])),
-                u(&c["segments"]).to_string(),
-                if c["completed"] == true { "yes" } else { "no" }.into(),
-                u(&c["shard"]).to_string(),
-                c["handle"].as_str().unwrap_or("").into(),
+                c.job.clone(),
+                c.operator.clone(),
+                c.checkpoint_id.to_string(),
+                format!("{}..={}", c.key_group_lo, c.key_group_hi),
+                c.segments.to_string(),
+                if c.completed { "yes" } else { "no" }.into(),
+                c.shard.to_string(),
+                c.handle.clone(),
             ]
         })
         .collect();
@@ -622,25 +619,6 @@ fn print_checkpoints(list: &[&Value]) {
         ],
         &rows,
     );
-}
-
-/// Per-operation counters of one /status read.
-fn op_counts(s: &Value) -> Vec<(String, u64, u64, Vec<u64>)> {
-    s["ops"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        u(&v["requests"]),
-                        u(&v["errors"]),
-                        arr(&v["latency_buckets"]).iter().map(u).collect(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
@@ -661,26 +639,25 @@ fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
         } else if n > 0 {
             println!();
         }
-        let m = &cur["memory"];
+        let m = &cur.memory;
         println!(
             "statord {} up {}  sessions {}  in flight {}  memory {} / {}  disk {}   (every {interval}s; Ctrl-C leaves)",
-            cur["version"].as_str().unwrap_or("?"),
-            duration(cur["uptime_s"].as_f64().unwrap_or(0.0)),
-            u(&cur["sessions_open"]),
-            u(&cur["in_flight"]),
-            bytes(u(&m["used_bytes"])),
-            bytes(u(&m["budget_bytes"])),
-            bytes(u(&cur["disk"]["used_bytes"]))
+            cur.version,
+            duration(cur.uptime_s),
+            cur.sessions_open,
+            cur.in_flight,
+            bytes(m.used_bytes),
+            bytes(m.budget_bytes),
+            bytes(cur.disk.used_bytes)
         );
         println!();
-        let before = op_counts(&prev);
         let mut rows = Vec::new();
         let mut total = 0.0;
-        for (name, req, err, buckets) in op_counts(&cur) {
-            let Some((_, preq, perr, pb)) = before.iter().find(|b| b.0 == name) else {
+        for (name, op) in &cur.ops {
+            let Some(was) = prev.ops.get(name) else {
                 continue;
             };
-            let dreq = req.saturating_sub(*preq);
+            let dreq = op.requests.saturating_sub(was.requests);
             if dreq == 0 {
                 continue;
             }
@@ -688,14 +665,14 @@ fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
             let mut h = HistSnapshot::default();
             for (i, d) in h.buckets.iter_mut().enumerate() {
                 let at = |b: &[u64]| b.get(i).copied().unwrap_or(0);
-                *d = at(&buckets).saturating_sub(at(pb));
+                *d = at(&op.latency_buckets).saturating_sub(at(&was.latency_buckets));
             }
             let q = |x| h.quantile_bound_s(x).map_or("-".into(), seconds);
             total += dreq as f64 / dt;
             rows.push(vec![
-                name,
+                name.clone(),
                 format!("{:.0}", dreq as f64 / dt),
-                format!("{:.0}", err.saturating_sub(*perr) as f64 / dt),
+                format!("{:.0}", op.errors.saturating_sub(was.errors) as f64 / dt),
                 q(0.5),
                 q(0.99),
                 q(0.999),
@@ -708,14 +685,16 @@ fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
             table(&["OP", "REQ/S", "ERR/S", "P50", "P99", "P99.9"], &rows);
         }
         // The busiest sessions over the interval.
-        let mut sess: Vec<(f64, &Value)> = arr(&cur["sessions"])
+        let mut sess: Vec<(f64, &SessionReport)> = cur
+            .sessions
             .iter()
             .map(|x| {
-                let was = arr(&prev["sessions"])
+                let was = prev
+                    .sessions
                     .iter()
-                    .find(|p| p["id"] == x["id"])
-                    .map_or(0, |p| u(&p["requests"]));
-                (u(&x["requests"]).saturating_sub(was) as f64 / dt, x)
+                    .find(|p| p.id == x.id)
+                    .map_or(0, |p| p.requests);
+                (x.requests.saturating_sub(was) as f64 / dt, x)
             })
             .collect();
         sess.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -728,14 +707,14 @@ fn top(ctl: &Ctl, interval: f64, count: u64) -> Res<()> {
                 .take(10)
                 .map(|(r, x)| {
                     vec![
-                        u(&x["id"]).to_string(),
-                        x["job"].as_str().unwrap_or("").into(),
-                        x["operator"].as_str().unwrap_or("").into(),
-                        format!("{}/{}", u(&x["subtask"]), u(&x["parallelism"])),
+                        x.id.to_string(),
+                        x.job.clone(),
+                        x.operator.clone(),
+                        format!("{}/{}", x.subtask, x.parallelism),
                         format!("{r:.0}"),
-                        u(&x["in_flight"]).to_string(),
-                        u(&x["sq_depth"]).to_string(),
-                        u(&x["cq_depth"]).to_string(),
+                        x.in_flight.to_string(),
+                        x.sq_depth.to_string(),
+                        x.cq_depth.to_string(),
                     ]
                 })
                 .collect();
@@ -791,14 +770,11 @@ fn export(
     let handles: Vec<Vec<u8>> = match checkpoint {
         Some(id) => {
             let s = ctl.status()?;
-            let hs: Vec<Vec<u8>> = arr(&s["checkpoints"])
+            let hs: Vec<Vec<u8>> = s
+                .checkpoints
                 .iter()
-                .filter(|c| {
-                    c["job"] == who.job.as_str()
-                        && c["operator"] == who.operator.as_str()
-                        && u(&c["checkpoint_id"]) == id
-                })
-                .filter_map(|c| unhex(c["handle"].as_str()?))
+                .filter(|c| c.job == who.job && c.operator == who.operator && c.checkpoint_id == id)
+                .filter_map(|c| unhex(&c.handle))
                 .collect();
             if hs.is_empty() {
                 return Err(Fail::input(format!(
@@ -904,10 +880,11 @@ fn import(ctl: &Ctl, who: &Who, checkpoint: u64, input: &Path, force: bool) -> R
     let len = f.metadata().map(|m| m.len()).ok();
     if !force {
         let s = ctl.status()?;
-        let open: Vec<u64> = arr(&s["sessions"])
+        let open: Vec<u64> = s
+            .sessions
             .iter()
-            .filter(|x| x["job"] == who.job.as_str() && x["operator"] == who.operator.as_str())
-            .map(|x| u(&x["id"]))
+            .filter(|x| x.job == who.job && x.operator == who.operator)
+            .map(|x| x.id)
             .collect();
         if !open.is_empty() {
             return Err(Fail::input(format!(
