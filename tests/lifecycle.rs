@@ -354,18 +354,34 @@ fn crash_restore_rounds() {
         // the daemon dies.
         let ms = std::env::var("STATOR_ROUND_MS").map_or(300, |v| v.parse().unwrap());
         std::thread::sleep(Duration::from_millis(ms));
-        if round % 10 == 0 || round == 1 {
-            let (_, m, _) = common::statorctl(&["--run-dir", run_dir.to_str().unwrap(), "metrics"]);
+        let report = (round % 10 == 0 || round == 1)
+            .then(|| common::statorctl(&["--run-dir", run_dir.to_str().unwrap(), "metrics"]).1);
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        let _ = child.wait();
+        if let Some(m) = report {
             eprintln!(
-                "round {round}: restart {:.1} ms, {layers} segment files after the checkpoint, {} layers and {} compactions at the kill, data_dir {:.1} MiB",
+                "round {round}: restart {:.1} ms, {layers} segment files after the checkpoint (it names {}), {} layers and {} compactions at the kill, data_dir {:.1} MiB",
                 up.as_secs_f64() * 1e3,
+                checkpoint_layers(&data.join("shard-0"), round),
                 metric(&m, "stator_disk_segments"),
                 metric(&m, "stator_compactions_total"),
                 dir_bytes(&data) as f64 / (1 << 20) as f64
             );
         }
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        let _ = child.wait();
     }
+}
+
+/// How many layers the manifest of checkpoint `id` in `shard` names.
+fn checkpoint_layers(shard: &std::path::Path, id: u64) -> usize {
+    std::fs::read_dir(shard)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".manifest"))
+        .find_map(|e| {
+            let bytes = std::fs::read(e.path()).ok()?;
+            let (m, _) = stator_store::manifest::Manifest::decode(&bytes).ok()?;
+            (m.checkpoint_id == id).then_some(m.layers.len())
+        })
+        .expect("the checkpoint's manifest")
 }

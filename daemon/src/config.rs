@@ -38,6 +38,14 @@ pub struct Config {
     /// restorable up to this many. Keep it above Flink's
     /// `state.checkpoints.num-retained`. At least 1.
     pub retained_checkpoints: usize,
+    /// Layers (segments) of a shard's store past which a checkpoint waits
+    /// for compaction before it begins: its client's requests after it
+    /// wait too. A checkpoint names every layer it covers and a restore
+    /// brings them back, so without it a daemon that dies after the first
+    /// checkpoint of each life grows that list without bound. At least
+    /// 3 x the compaction trigger (12); well above what compaction leaves
+    /// under a steady load.
+    pub checkpoint_layer_limit: usize,
     /// States (names) one job may have registered, over all its operators
     /// and sessions: names are kept across sessions and restarts, so this
     /// bounds a tenant that makes up new ones. At least 1.
@@ -180,6 +188,7 @@ impl Default for Config {
             max_sessions: 1024,
             max_sessions_per_uid: 0,
             retained_checkpoints: stator_store::DEFAULT_RETAINED_CHECKPOINTS,
+            checkpoint_layer_limit: stator_store::DEFAULT_CHECKPOINT_LAYER_LIMIT,
             max_states_per_job: DEFAULT_MAX_STATES_PER_JOB,
             log: "info".into(),
             session: SessionLimits::default(),
@@ -259,6 +268,10 @@ impl Config {
                 "retained_checkpoints",
                 self.retained_checkpoints != new.retained_checkpoints,
             ),
+            (
+                "checkpoint_layer_limit",
+                self.checkpoint_layer_limit != new.checkpoint_layer_limit,
+            ),
             ("spin_us", self.spin_us != new.spin_us),
             ("session.batch", self.session.batch != new.session.batch),
             ("remote", self.remote != new.remote),
@@ -336,6 +349,15 @@ impl Config {
             return Err(invalid(
                 "retained_checkpoints",
                 "must be at least 1 (the newest completed checkpoint is always kept)",
+            ));
+        }
+        if self.checkpoint_layer_limit < stator_store::MIN_CHECKPOINT_LAYER_LIMIT {
+            return Err(invalid(
+                "checkpoint_layer_limit",
+                format!(
+                    "must be at least {} (3 x the compaction trigger: below that, compaction may not run and a checkpoint would wait forever)",
+                    stator_store::MIN_CHECKPOINT_LAYER_LIMIT
+                ),
             ));
         }
         if self.data_dir.as_os_str().is_empty() {
@@ -450,6 +472,7 @@ impl Config {
             c.memtable_bytes = Some((self.memtable_mib << 20) as usize);
         }
         c.retained_checkpoints = self.retained_checkpoints;
+        c.checkpoint_layer_limit = self.checkpoint_layer_limit;
         c
     }
 

@@ -213,6 +213,10 @@ struct Session {
     dirty: bool,
     /// Waiting for completion-queue room while descriptors wait.
     cq_blocked: bool,
+    /// Its next descriptor is a checkpoint waiting for compaction
+    /// (`Store::checkpoint_should_wait`): what it queued is not work
+    /// until the store's layers shrink.
+    checkpoint_waits: bool,
     /// The client broke the queue protocol; nothing more is taken.
     broken: bool,
     /// 4 MiB slots of the chunk region.
@@ -724,6 +728,7 @@ impl Shard {
             armed: false,
             dirty: false,
             cq_blocked: false,
+            checkpoint_waits: false,
             broken: false,
             chunk_slots: (layout.chunk_len / CHUNK_LEN) as u32,
             export: None,
@@ -801,6 +806,7 @@ impl Shard {
         let in_flight = &mut s.in_flight;
         let max_in_flight = s.max_in_flight;
         let cq_blocked = &mut s.cq_blocked;
+        let checkpoint_waits = &mut s.checkpoint_waits;
         let to_client = &s.to_client;
         let chunk_slots = s.chunk_slots;
         let requests = &mut s.requests;
@@ -876,9 +882,29 @@ impl Shard {
                         writes_taken = true;
                         write_room = write_room.saturating_sub(len);
                     }
+                    let op = Opcode::from_u8(sqe.opcode);
+                    if op == Some(Opcode::Checkpoint) && store.checkpoint_should_wait() {
+                        // It and the rest stay queued until compaction
+                        // shrinks the layers it would name.
+                        if !*checkpoint_waits {
+                            tracing::info!(
+                                session = sid,
+                                layers = store.stats().segments,
+                                "a checkpoint waits for compaction to merge the layers it would name"
+                            );
+                        }
+                        *checkpoint_waits = true;
+                        let rest = (sqes.len() - i) as u32;
+                        ring.sq.unpop(rest);
+                        *requests -= u64::from(rest);
+                        if i == 0 {
+                            return Ok(false);
+                        }
+                        break;
+                    }
+                    *checkpoint_waits = false;
                     stats.requests += 1;
                     live.ops.request(sqe.opcode);
-                    let op = Opcode::from_u8(sqe.opcode);
                     if matches!(
                         op,
                         Some(
@@ -1206,6 +1232,7 @@ impl Shard {
                 continue;
             }
             let blocked = s.cq_blocked;
+            let waits = s.checkpoint_waits;
             let in_flight = s.in_flight;
             let r = s
                 .mem
@@ -1221,7 +1248,7 @@ impl Shard {
                     Ok(sq_work && ring.cq.free_now()? > in_flight)
                 });
             match r {
-                Ok(w) => work |= w && !stalled,
+                Ok(w) => work |= w && !stalled && !waits,
                 Err(e) => s.break_off(self.id, &self.live, e.to_string()),
             }
         }

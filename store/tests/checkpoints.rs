@@ -722,3 +722,61 @@ fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
     );
     want(&mut s);
 }
+
+/// Past `checkpoint_layer_limit` layers a checkpoint should wait, until
+/// compaction merges them; the checkpoint then names fewer. Each one
+/// would otherwise name every layer there is, and a restore of it bring
+/// them all back (a crash loop grew that list by a flush per life).
+#[test]
+fn a_checkpoint_waits_for_compaction_past_the_layer_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = |trigger: usize| {
+        let mut c = StoreConfig::new(dir.path(), 64 << 20);
+        c.compaction_trigger = trigger;
+        c.checkpoint_layer_limit = 12;
+        c
+    };
+    // Fourteen layers, laid down by a store that never compacts.
+    {
+        let (mut s, _) = Store::open(cfg(1000), SyncIo::new(true)).unwrap();
+        for i in 0u8..14 {
+            run(
+                &mut s,
+                Op::Put(kr(&(0, u16::from(i) % KGS, i / 8), 0), &[i; 64]),
+            )
+            .unwrap();
+            s.flush();
+            settle_fully(&mut s);
+        }
+        assert_eq!(s.stats().segments, 14);
+        assert!(!s.checkpoint_should_wait(), "past no limit it can act on");
+    }
+    let (mut s, _) = Store::open(cfg(4), SyncIo::new(true)).unwrap();
+    assert_eq!(s.stats().segments, 14);
+    assert!(s.checkpoint_should_wait());
+    let t = std::time::Instant::now();
+    while s.checkpoint_should_wait() {
+        s.settle();
+        assert!(t.elapsed().as_secs() < 30, "compaction never caught up");
+    }
+    assert!(s.stats().compactions >= 1);
+    let h = checkpoint(&mut s, whole(1)).unwrap();
+    let m = stator_store::manifest::Handle::decode(&h).unwrap();
+    let named = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".manifest"))
+        .find_map(|e| {
+            let (man, _) =
+                stator_store::manifest::Manifest::decode(&std::fs::read(e.path()).ok()?).ok()?;
+            (man.seq == m.seq).then_some(man.layers.len())
+        })
+        .expect("its manifest");
+    assert!(named < 12, "the checkpoint names {named} layers");
+    for i in 0u8..14 {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&(0, u16::from(i) % KGS, i / 8), 0))).unwrap(),
+            Owned::Value(Some(vec![i; 64]))
+        );
+    }
+}

@@ -100,6 +100,10 @@ pub struct StoreConfig {
     /// that never does: past it, the oldest completed ones are deleted
     /// when a newer one completes.
     pub retained_checkpoints: usize,
+    /// Layers past which a checkpoint waits for compaction before it
+    /// begins (see [`Store::checkpoint_should_wait`]); at least 3 x
+    /// `compaction_trigger`, where a backlog is merged many at once.
+    pub checkpoint_layer_limit: usize,
 }
 
 impl StoreConfig {
@@ -116,6 +120,7 @@ impl StoreConfig {
             retry_delay: Duration::from_millis(500),
             block_cache_max: None,
             retained_checkpoints: DEFAULT_RETAINED_CHECKPOINTS,
+            checkpoint_layer_limit: DEFAULT_CHECKPOINT_LAYER_LIMIT,
         }
     }
 
@@ -192,6 +197,14 @@ pub struct StoreStats {
 
 /// [`StoreConfig::retained_checkpoints`] unless set.
 pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 16;
+
+/// The default [`StoreConfig::checkpoint_layer_limit`].
+pub const DEFAULT_CHECKPOINT_LAYER_LIMIT: usize = 32;
+
+/// The least [`StoreConfig::checkpoint_layer_limit`] that takes effect with
+/// the default compaction trigger (3 x 4: compaction merges a backlog of
+/// that many layers whatever their sizes).
+pub const MIN_CHECKPOINT_LAYER_LIMIT: usize = 12;
 
 /// What reopening a directory found.
 #[derive(Clone, Debug, Default)]
@@ -1107,6 +1120,24 @@ impl<I: Io> Store<I> {
             + self.ckpt.counts().1
             + self.ckpt.markers.waiting()
             + self.imports.iter().filter(|(_, i)| i.finishing()).count()
+    }
+
+    /// Whether a checkpoint should wait before it begins: the store holds
+    /// `checkpoint_layer_limit` layers or more, and a compaction, running
+    /// or about to start, will merge them. The caller then leaves the
+    /// checkpoint (and what its client queued after it) waiting, and asks
+    /// again after polling. A checkpoint names every layer it covers and a
+    /// restore of it brings them all back: a daemon that died after the
+    /// first checkpoint of each life (a crash loop) grew that chain by a
+    /// flush per life, without bound (issue 27: 75 segment files after 60
+    /// lives, 163 layers). Never while stopping, or while background work
+    /// fails (a full disk): the checkpoint then goes ahead as it is.
+    pub fn checkpoint_should_wait(&self) -> bool {
+        let limit = self
+            .cfg
+            .checkpoint_layer_limit
+            .max(3 * self.cfg.compaction_trigger.max(2));
+        self.segments.len() >= limit && !self.stopping && self.stats.last_background_error.is_none()
     }
 
     /// Whether background work (flush, compaction, deferred deletes, the
