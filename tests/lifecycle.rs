@@ -372,6 +372,58 @@ fn crash_restore_rounds() {
     }
 }
 
+/// Past `checkpoint_layer_limit` layers in its shard, a checkpoint waits
+/// (and what its session queued after it) until compaction merges them,
+/// so it names fewer: a checkpoint names every layer it covers and a
+/// restore brings them all back (`crash_restore_rounds`: 55 layers named
+/// after 60 lives without the limit).
+#[test]
+fn a_checkpoint_past_the_layer_limit_waits_for_compaction() {
+    use stator_client::Request;
+    let tmp = tempfile::tempdir().unwrap();
+    // Forty layers of 8 MiB, laid down by a store that never compacts:
+    // statord's first compaction merges 32 of them (256 MiB), which takes
+    // far longer than the session's way to its checkpoint.
+    {
+        let dir = tmp.path().join("data/shard-0");
+        let mut cfg = stator_store::StoreConfig::new(dir, 64 << 20);
+        cfg.compaction_trigger = 1000;
+        let io = stator_store::io::SyncIo::new(true);
+        let (mut s, _) = stator_store::Store::open(cfg, io).unwrap();
+        let value = [7u8; 1024];
+        for i in 0u32..40 {
+            for k in 0u32..8192 {
+                let key = (i << 16 | k).to_be_bytes();
+                let key = stator_store::KeyRef {
+                    key_group: 0,
+                    state: 1000,
+                    key: &key,
+                    namespace: b"",
+                };
+                s.write_batch(&[stator_store::Op::Put(key, &value)])
+                    .unwrap();
+            }
+            s.flush();
+            s.settle();
+        }
+        assert_eq!(s.stats().segments, 40);
+    }
+    let config = tmp.path().join("statord.toml");
+    std::fs::write(&config, "checkpoint_layer_limit = 12\n").unwrap();
+    let d = Daemon::start_in(tmp.path(), 64, &["--config", config.to_str().unwrap()]);
+    let mut s = Session::open(&d.socket, &opts("limit", 0, 1)).unwrap();
+    let st = ValueState(s.register("v", Kind::Value).unwrap());
+    run(&mut s, &st.put(0, b"k", b"v")).unwrap();
+    let done = run(&mut s, &Request::checkpoint(1)).unwrap();
+    assert_eq!(done.status, Ok(Status::Ok));
+    let named = checkpoint_layers(&d.dir.join("data/shard-0"), 1);
+    assert!(named < 12, "the checkpoint names {named} layers");
+    assert_eq!(
+        run(&mut s, &st.get(0, b"k")).unwrap().value.as_deref(),
+        Some(&b"v"[..])
+    );
+}
+
 /// How many layers the manifest of checkpoint `id` in `shard` names.
 fn checkpoint_layers(shard: &std::path::Path, id: u64) -> usize {
     std::fs::read_dir(shard)
