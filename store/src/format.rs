@@ -656,6 +656,10 @@ impl BlockIndex {
     }
 }
 
+/// How a footer fails when no footer was written (a write a crash cut
+/// off, or not a segment at all).
+pub const BAD_FOOTER_MAGIC: &str = "bad footer magic (torn or not a segment)";
+
 /// The footer, at the start of a segment's last 4 KiB page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Footer {
@@ -708,7 +712,7 @@ impl Footer {
     pub fn decode(b: &[u8], file_len: u64) -> Result<Footer, Malformed> {
         let b = b.get(..FOOTER_LEN).ok_or(Malformed("footer truncated"))?;
         if b[0..8] != FOOTER_MAGIC {
-            return Err(Malformed("bad footer magic (torn or not a segment)"));
+            return Err(Malformed(BAD_FOOTER_MAGIC));
         }
         let crc = u32::from_le_bytes(b[124..128].try_into().expect("4"));
         if crc32c::crc32c(&b[..124]) != crc {

@@ -600,12 +600,19 @@ fn corrupt(seg: &Segment, offset: u64, what: &'static str) -> StoreError {
     }
 }
 
+/// A segment file whose length is not whole pages (a write cut off).
+const NOT_WHOLE_PAGES: &str = "file length is not a whole number of pages (torn)";
+/// A segment file shorter than its footer says (a write cut off).
+const SHORTER_THAN_FOOTER: &str = "file shorter than its footer says (torn)";
+
 /// Whether a segment failed its checks the way a write a crash cut off
 /// fails them (short, not whole pages, no footer), not with a bad
 /// checksum; a complete file whose footer page was damaged looks the same,
-/// so `Store::open` also asks where the file sits.
+/// so `Store::open` also asks where the file sits. Told by the failure's
+/// own constant, not by its wording.
 fn cut_off(e: &StoreError) -> bool {
-    matches!(e, StoreError::Corrupt { what, .. } if what.contains("torn"))
+    matches!(e, StoreError::Corrupt { what, .. }
+        if [NOT_WHOLE_PAGES, SHORTER_THAN_FOOTER, format::BAD_FOOTER_MAGIC].contains(what))
 }
 
 impl<I: Io> Store<I> {
@@ -929,7 +936,7 @@ impl<I: Io> Store<I> {
             let page = format::footer_page(len).ok_or(StoreError::Corrupt {
                 path: path.display().to_string(),
                 offset: len,
-                what: "file length is not a whole number of pages (torn)",
+                what: NOT_WHOLE_PAGES,
             })?;
             let fbuf = read_sync(io, file, page, ALIGN, path, others)?;
             let footer = format::Footer::decode(&fbuf, len).map_err(|m| StoreError::Corrupt {
@@ -1295,7 +1302,7 @@ fn read_sync<I: Io>(
                 (Ok(_), _) => Err(StoreError::Corrupt {
                     path: path.display().to_string(),
                     offset: off,
-                    what: "file shorter than its footer says (torn)",
+                    what: SHORTER_THAN_FOOTER,
                 }),
                 (Err(errno), _) => Err(StoreError::from_errno(path, "read", errno)),
             };
