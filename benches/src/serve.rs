@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// Where the SVG of the sweep goes.
     #[arg(long, default_value = "benches/results")]
     plot_dir: PathBuf,
+    /// Also gets at depth 256 on every session but the first while the
+    /// first puts at depth 1,024, at once (needs --sessions 2 or more):
+    /// what a writer at full speed costs its shard's readers.
+    #[arg(long)]
+    beside_writer: bool,
 }
 
 /// Arguments of the hidden daemon process.
@@ -629,6 +634,9 @@ pub fn run(a: ServeArgs) {
             &Case::new(SUITE, "get_put_50_50_depth256_daemon", x.ops, x.elapsed).latency(x.hist),
         );
     }
+    if a.beside_writer && conns.len() >= 2 {
+        gets_beside_a_writer(&mut r, &mut conns, dur, &vals[11]);
+    }
     drop(conns);
     drop(d);
 
@@ -689,6 +697,62 @@ pub fn run(a: ServeArgs) {
         "get_daemon_deep_vs_inprocess_store_batched",
         best_deep / store_batch,
         Bound::AtLeast(0.5),
+    );
+}
+
+/// Gets at depth 256 on every session but the first while the first
+/// puts at depth 1,024, all at once for `dur`: the readers' latency (one
+/// case, their runs merged) beside the writer's rate.
+fn gets_beside_a_writer(
+    r: &mut Reporter,
+    conns: &mut [(Session, ValueState, Vec<u64>)],
+    dur: Duration,
+    value: &[u8],
+) {
+    let runs: Vec<Run> = std::thread::scope(|sc| {
+        let hs: Vec<_> = conns
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (s, st, mine))| {
+                let p = Point {
+                    depth: if i == 0 { 1024 } else { 256 },
+                    dur,
+                    put_percent: if i == 0 { 100 } else { 0 },
+                    value,
+                    seed: 4242 + i as u64,
+                };
+                sc.spawn(move || {
+                    if cores() >= 2 {
+                        pin(0);
+                    }
+                    closed_loop(&mut (s, *st), mine, p)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
+    });
+    let mut runs = runs.into_iter();
+    let writer = runs.next().expect("the writer");
+    let mut readers = runs.next().expect("a reader");
+    for x in runs {
+        let elapsed = readers.elapsed.max(x.elapsed);
+        readers.merge(x);
+        readers.elapsed = elapsed;
+    }
+    assert_eq!(writer.errors + readers.errors, 0, "beside a writer");
+    let puts_per_sec = writer.ops as f64 / writer.elapsed.as_secs_f64();
+    r.case(
+        &Case::new(
+            SUITE,
+            "get_beside_writer_depth256_daemon",
+            readers.ops,
+            readers.elapsed,
+        )
+        .latency(readers.hist)
+        .with("in_flight", 256)
+        .with("writer_puts_per_sec", puts_per_sec.round()),
     );
 }
 
