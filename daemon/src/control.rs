@@ -63,7 +63,14 @@ impl RegistryView {
                 .or_default()
                 .entry(e.operator.clone())
                 .or_default()
+                .entries
                 .push(e.clone());
+        }
+        // What each checkpoint of an operator keeps, made here (off the
+        // shards) once per registration rather than at every checkpoint.
+        for op in v.by_operator.values_mut().flat_map(|o| o.values_mut()) {
+            op.ids = op.entries.iter().map(|e| e.id).collect();
+            op.meta = serde_json::to_vec(&op.entries).unwrap_or_default();
         }
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
     }
@@ -73,24 +80,34 @@ impl RegistryView {
 /// order.
 #[derive(Default)]
 pub struct RegView {
-    by_operator: HashMap<String, HashMap<String, Vec<RegEntry>>>,
+    by_operator: HashMap<String, HashMap<String, OperatorStates>>,
+}
+
+/// One operator's registrations, and what its checkpoints keep of them.
+#[derive(Default)]
+struct OperatorStates {
+    entries: Vec<RegEntry>,
+    ids: Vec<u32>,
+    /// `entries` as JSON.
+    meta: Vec<u8>,
 }
 
 impl RegView {
+    fn operator(&self, job: &str, op: &str) -> Option<&OperatorStates> {
+        self.by_operator.get(job).and_then(|o| o.get(op))
+    }
+
     fn of(&self, job: &str, op: &str) -> &[RegEntry] {
-        self.by_operator
-            .get(job)
-            .and_then(|o| o.get(op))
-            .map_or(&[], Vec::as_slice)
+        self.operator(job, op).map_or(&[], |o| &o.entries)
     }
 
     /// Every state id of an operator, and its registrations as JSON (kept
     /// in checkpoint manifests).
     pub fn operator_states(&self, job: &str, op: &str) -> (Vec<u32>, Vec<u8>) {
-        let mine = self.of(job, op);
-        let ids = mine.iter().map(|e| e.id).collect();
-        let meta = serde_json::to_vec(mine).unwrap_or_default();
-        (ids, meta)
+        match self.operator(job, op) {
+            Some(o) => (o.ids.clone(), o.meta.clone()),
+            None => (Vec::new(), b"[]".to_vec()),
+        }
     }
 
     /// Every state of an operator, as a portable snapshot names it.
