@@ -1597,6 +1597,7 @@ fn checkpoint_op(
             notify_kind::SUBSUME => Notify::Subsume,
             _ => return Some(Cqe::status(v.user_data, Status::BadArgument)),
         };
+        let since = store.markers_queued();
         store.checkpoint_notify(owner, v.arg, kind);
         // Answered once a completion is durable (its marker, written in
         // the store's background); at once otherwise.
@@ -1608,7 +1609,7 @@ fn checkpoint_op(
             out: Out::None,
             arg: v.arg,
         });
-        store.when_marked(tok as u64);
+        store.when_marked(tok as u64, since);
         *in_flight += 1;
         return None;
     }

@@ -781,3 +781,47 @@ fn a_failed_completion_marker_is_reported_and_retried() {
         );
     }
 }
+
+/// A notification that queues no marker (an abort, an id the store
+/// never took) is answered at once, not after, nor with the failure of,
+/// another checkpoint's marker still in line.
+#[test]
+fn a_notification_without_a_marker_waits_for_no_other() {
+    use stator_store::Notify;
+
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
+    run(&mut s, Op::Put(kr(&k(1)), &[1; 64])).unwrap();
+    common::checkpoint(&mut s, spec(1)).unwrap();
+    common::checkpoint(&mut s, spec(2)).unwrap();
+    settle_fully(&mut s);
+    // Checkpoint 1's marker fails its fsync (and is retried later).
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::FsyncEio,
+        sticky: false,
+    }));
+    let since = s.markers_queued();
+    s.checkpoint_notify(OWNER, 1, Notify::Complete);
+    s.when_marked(1, since);
+    // Before any poll: the abort of checkpoint 2 queues no marker.
+    let since = s.markers_queued();
+    s.checkpoint_notify(OWNER, 2, Notify::Abort);
+    s.when_marked(2, since);
+    let mut outcomes = Vec::new();
+    let t = std::time::Instant::now();
+    while outcomes.len() < 2 {
+        s.poll(|tok, r| outcomes.push((tok, r.is_ok())));
+        assert!(t.elapsed().as_secs() < 30, "{outcomes:?}");
+    }
+    assert_eq!(
+        outcomes[0],
+        (2, true),
+        "the abort first, and fine: {outcomes:?}"
+    );
+    assert_eq!(
+        outcomes[1],
+        (1, false),
+        "the completion carries its failure"
+    );
+}

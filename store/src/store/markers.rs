@@ -60,13 +60,23 @@ struct MarkerIo {
 }
 
 impl<I: Io> Store<I> {
+    /// Markers queued since open: taken before a
+    /// [`Store::checkpoint_notify`], it tells [`Store::when_marked`]
+    /// whether that notification queued any.
+    pub fn markers_queued(&self) -> u64 {
+        self.ckpt.markers.queued
+    }
+
     /// Completes `token` (with `Output::Done`) once every marker queued so
-    /// far is durable, or with the error of the first that fails, whoever
-    /// it is for (it is still retried): the acknowledgement of a
-    /// `Complete`, so that what was acknowledged survives a crash.
-    pub fn when_marked(&mut self, token: u64) {
+    /// far is durable (they become durable in order), or with the error
+    /// of the first that fails, whoever it is for (it is still retried):
+    /// the acknowledgement of a `Complete`, so that what was acknowledged
+    /// survives a crash. At once if none was queued since `since` (from
+    /// [`Store::markers_queued`]): a notification that queued no marker
+    /// (an abort, a repeated or unknown id) waits for no one else's.
+    pub fn when_marked(&mut self, token: u64, since: u64) {
         let m = &mut self.ckpt.markers;
-        if m.settled >= m.queued {
+        if m.settled >= m.queued || m.queued == since {
             self.done.push_back((token, Ok(Resolved::Done)));
         } else {
             m.waiters.push((m.queued, token));

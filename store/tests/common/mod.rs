@@ -96,8 +96,9 @@ pub fn notify<I: Io>(
     kind: stator_store::Notify,
 ) -> Result<usize, StoreError> {
     const TOKEN: u64 = 0x0b5e55ed;
+    let since = s.markers_queued();
     let n = s.checkpoint_notify(owner, id, kind);
-    s.when_marked(TOKEN);
+    s.when_marked(TOKEN, since);
     wait_token(s, TOKEN).map(|_| n)
 }
 
