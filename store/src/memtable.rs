@@ -46,6 +46,9 @@ pub struct MemRecord<'a> {
 /// An in-memory table of records.
 pub struct Memtable {
     chunks: Vec<HugeArray<u8>>,
+    /// Bytes of `chunks` (asked for on every pass of a shard, through
+    /// the write room, so not summed each time).
+    chunk_bytes: usize,
     /// Bytes used in the last chunk.
     tail: usize,
     slots: HugeArray<u64>,
@@ -82,6 +85,7 @@ impl Memtable {
         let cap = Self::index_len(entries);
         Memtable {
             chunks: Vec::new(),
+            chunk_bytes: 0,
             tail: CHUNK,
             slots: index
                 .filter(|i| i.len() == cap)
@@ -164,7 +168,7 @@ impl Memtable {
 
     /// Bytes of memory held (chunks, index, map key set).
     pub fn memory_bytes(&self) -> usize {
-        self.chunks.iter().map(|c| c.len()).sum::<usize>()
+        self.chunk_bytes
             + self.spares.iter().map(|c| c.len()).sum::<usize>()
             + self.slots.len() * 8
             + self.map_key_bytes
@@ -184,6 +188,7 @@ impl Memtable {
                     HugeArray::zeroed(size)
                 }
             };
+            self.chunk_bytes += chunk.len();
             self.chunks.push(chunk);
             self.tail = 0;
             if size > CHUNK {
