@@ -598,6 +598,19 @@ mod tests {
         let c = Config::from_toml("memory_budget_mib = 1\nshards = 2").unwrap();
         let e = c.resolve().unwrap_err().to_string();
         assert!(e.contains("memory_budget_mib"), "{e}");
+
+        // Below 3 x the compaction trigger a checkpoint could wait forever.
+        let c = Config::from_toml("checkpoint_layer_limit = 11").unwrap();
+        let e = c.resolve().unwrap_err().to_string();
+        assert!(
+            e.contains("checkpoint_layer_limit") && e.contains("at least 12"),
+            "{e}"
+        );
+        let c = Config::from_toml("checkpoint_layer_limit = 12").unwrap();
+        assert_eq!(
+            c.resolve().unwrap().store_config(0).checkpoint_layer_limit,
+            12
+        );
     }
 
     #[test]

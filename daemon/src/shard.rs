@@ -1597,8 +1597,6 @@ fn checkpoint_op(
             notify_kind::SUBSUME => Notify::Subsume,
             _ => return Some(Cqe::status(v.user_data, Status::BadArgument)),
         };
-        let since = store.markers_queued();
-        store.checkpoint_notify(owner, v.arg, kind);
         // Answered once a completion is durable (its marker, written in
         // the store's background); at once otherwise.
         let tok = pending.insert(Pending {
@@ -1609,7 +1607,7 @@ fn checkpoint_op(
             out: Out::None,
             arg: v.arg,
         });
-        store.when_marked(tok as u64, since);
+        store.checkpoint_notify_acked(owner, v.arg, kind, tok as u64);
         *in_flight += 1;
         return None;
     }

@@ -412,15 +412,21 @@ fn a_large_flush_sorted_off_the_shard_keeps_every_record() {
     check(|| UringIo::new(256, true).unwrap());
 }
 
+/// A store of 64 MiB whose memtables freeze at `memtable` bytes.
+fn open_with_memtable(dir: &std::path::Path, memtable: usize) -> Store<SyncIo> {
+    let mut cfg = StoreConfig::new(dir, 64 << 20);
+    cfg.memtable_bytes = Some(memtable);
+    Store::open(cfg, SyncIo::new(false)).unwrap().0
+}
+
 /// While a flush lags, the room writes have left falls as the next
-/// memtable fills, reaches nothing at two memtables' worth (a stall,
-/// counted and timed), and comes back once the flushes land.
+/// memtable fills, reaches nothing at the memory the budget plans for
+/// memtables (a stall, counted and timed), and comes back once the
+/// flushes land.
 #[test]
 fn writes_run_out_of_room_while_a_flush_lags_and_get_it_back() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
-    cfg.memtable_bytes = Some(1 << 20);
-    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    let mut s = open_with_memtable(dir.path(), 1 << 20);
     assert_eq!(s.write_headroom(), 1.0);
     let value = [7u8; 100];
     let mut i = 0u32;
@@ -466,9 +472,7 @@ fn writes_run_out_of_room_while_a_flush_lags_and_get_it_back() {
 #[test]
 fn memtables_frozen_by_checkpoints_count_their_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
-    cfg.memtable_bytes = Some(4 << 20);
-    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    let mut s = open_with_memtable(dir.path(), 4 << 20);
     let room = s.write_room();
     let mut frozen = 0u64;
     // Neither `write_batch` nor `checkpoint` polls: no flush lands.

@@ -801,13 +801,9 @@ fn a_notification_without_a_marker_waits_for_no_other() {
         fault: Fault::FsyncEio,
         sticky: false,
     }));
-    let since = s.markers_queued();
-    s.checkpoint_notify(OWNER, 1, Notify::Complete);
-    s.when_marked(1, since);
+    s.checkpoint_notify_acked(OWNER, 1, Notify::Complete, 1);
     // Before any poll: the abort of checkpoint 2 queues no marker.
-    let since = s.markers_queued();
-    s.checkpoint_notify(OWNER, 2, Notify::Abort);
-    s.when_marked(2, since);
+    s.checkpoint_notify_acked(OWNER, 2, Notify::Abort, 2);
     let mut outcomes = Vec::new();
     let t = std::time::Instant::now();
     while outcomes.len() < 2 {

@@ -201,8 +201,7 @@ fn run(args: Args) -> Res<()> {
         Command::Status { json } => {
             if json {
                 // As the daemon sent it (a newer daemon's fields too).
-                let (_, body) = ctl.status_body()?;
-                println!("{}", body.trim_end());
+                println!("{}", ctl.status_body()?.trim_end());
             } else {
                 print_status(&ctl.status()?);
             }
@@ -342,7 +341,7 @@ impl Ctl {
     }
 
     /// `GET /status`, as sent.
-    fn status_body(&self) -> Res<(u16, String)> {
+    fn status_body(&self) -> Res<String> {
         let (code, body) = self.get("/status")?;
         if code != 200 {
             return Err(Fail::run(format!(
@@ -350,13 +349,12 @@ impl Ctl {
                 body.trim()
             )));
         }
-        Ok((code, body))
+        Ok(body)
     }
 
     /// `GET /status`, read into its schema (`statord::status_schema`).
     fn status(&self) -> Res<Status> {
-        let (_, body) = self.status_body()?;
-        serde_json::from_str(&body).map_err(|e| {
+        serde_json::from_str(&self.status_body()?).map_err(|e| {
             Fail::run(format!(
                 "/status does not match this statorctl's schema (a statord of another version?): {e}"
             ))

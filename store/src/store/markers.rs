@@ -7,7 +7,7 @@
 //! here, one at a time, through the store's I/O layer: created, fsynced,
 //! the directory fsynced, then (with a remote tier) uploaded. The shard
 //! never blocks on it, the fault injector reaches it, and a failure is
-//! reported (to whoever waits for it, see [`Store::when_marked`], and as a
+//! reported (to whoever waits for it, see [`Store::checkpoint_notify_acked`], and as a
 //! background error) and retried after the retry delay; it never leaves a
 //! completed checkpoint looking pending silently.
 
@@ -60,27 +60,30 @@ struct MarkerIo {
 }
 
 impl<I: Io> Store<I> {
-    /// Markers queued since open: taken before a
-    /// [`Store::checkpoint_notify`], it tells [`Store::when_marked`]
-    /// whether that notification queued any.
-    pub fn markers_queued(&self) -> u64 {
-        self.ckpt.markers.queued
-    }
-
-    /// Completes `token` (with `Output::Done`) once every marker queued so
-    /// far is durable (they become durable in order), or with the error
-    /// of the first that fails, whoever it is for (it is still retried):
-    /// the acknowledgement of a `Complete`, so that what was acknowledged
-    /// survives a crash. At once if none was queued since `since` (from
-    /// [`Store::markers_queued`]): a notification that queued no marker
-    /// (an abort, a repeated or unknown id) waits for no one else's.
-    pub fn when_marked(&mut self, token: u64, since: u64) {
+    /// [`Store::checkpoint_notify`], and `token` completes (with
+    /// `Output::Done`) as its acknowledgement: once every marker queued so
+    /// far is durable (they become durable in order), or with the error of
+    /// the first that fails, whoever it is for (it is still retried), so
+    /// that an acknowledged `Complete` survives a crash. At once when the
+    /// notification queued no marker (an abort, a subsume, a repeated or
+    /// unknown id): it waits for no one else's. Returns what
+    /// `checkpoint_notify` does.
+    pub fn checkpoint_notify_acked(
+        &mut self,
+        owner: &[u8],
+        checkpoint_id: u64,
+        kind: Notify,
+        token: u64,
+    ) -> usize {
+        let before = self.ckpt.markers.queued;
+        let deleted = self.checkpoint_notify(owner, checkpoint_id, kind);
         let m = &mut self.ckpt.markers;
-        if m.settled >= m.queued || m.queued == since {
+        if m.settled >= m.queued || m.queued == before {
             self.done.push_back((token, Ok(Resolved::Done)));
         } else {
             m.waiters.push((m.queued, token));
         }
+        deleted
     }
 
     /// The first marker in line is settled (durable, or its checkpoint

@@ -96,9 +96,7 @@ pub fn notify<I: Io>(
     kind: stator_store::Notify,
 ) -> Result<usize, StoreError> {
     const TOKEN: u64 = 0x0b5e55ed;
-    let since = s.markers_queued();
-    let n = s.checkpoint_notify(owner, id, kind);
-    s.when_marked(TOKEN, since);
+    let n = s.checkpoint_notify_acked(owner, id, kind, TOKEN);
     wait_token(s, TOKEN).map(|_| n)
 }
 
