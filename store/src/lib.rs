@@ -11,6 +11,7 @@
 //!   `store/FORMAT.md` (CRC32C per block, block index, bloom filter,
 //!   checksummed footer).
 //! - [`cache`]: the block cache under a byte budget.
+//! - [`dropped`]: state ids compaction leaves out (a finished job's).
 //! - [`manifest`]: checkpoint manifests and handles; [`Store::checkpoint`],
 //!   [`Store::restore`] and [`Store::checkpoint_notify`] make checkpoints
 //!   metadata and restores references (FORMAT.md §10–§12).
@@ -31,6 +32,7 @@
 pub mod aligned;
 pub mod bloom;
 pub mod cache;
+pub mod dropped;
 pub mod error;
 pub mod format;
 mod helper;
@@ -49,6 +51,7 @@ pub mod snapshot;
 mod sorted;
 mod store;
 
+pub use dropped::DroppedStates;
 pub use error::StoreError;
 pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
 pub use store::{

@@ -502,3 +502,52 @@ fn memtables_frozen_by_checkpoints_count_their_memory() {
     s.settle();
     assert!(s.write_room() > room / 2, "the flushes gave the room back");
 }
+
+/// A dropped state's records (a finished job's, whose names the daemon
+/// dropped) leave at the next compaction through them; every other
+/// state's stay, and a state handed out after the drop set was made is
+/// never taken for a dropped one.
+#[test]
+fn compaction_leaves_out_the_records_of_dropped_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open_with_memtable(dir.path(), 256 << 10);
+    let key = |state: u32, i: u32| (state, (i % 64) as u16, i.to_be_bytes());
+    fn kr((state, kg, k): &(u32, u16, [u8; 4])) -> KeyRef<'_> {
+        KeyRef {
+            key_group: *kg,
+            state: *state,
+            key: &k[..],
+            namespace: b"",
+        }
+    }
+    for i in 0..6_000u32 {
+        for state in [1, 2, 3] {
+            run(&mut s, Op::Put(kr(&key(state, i)), &[state as u8; 100])).unwrap();
+        }
+    }
+    s.flush();
+    s.settle();
+    let before = s.stats().segment_bytes;
+    // State 2 is dropped; 3 was handed out after the set was made.
+    s.set_dropped_states(std::sync::Arc::new(stator_store::DroppedStates::new(
+        3,
+        [1],
+    )));
+    s.compact_all();
+    s.settle();
+    assert_eq!(s.stats().segments, 1);
+    let after = s.stats().segment_bytes;
+    assert!(
+        after < before * 3 / 4,
+        "a third of the records left: {before} -> {after} bytes"
+    );
+    for i in (0..6_000u32).step_by(13) {
+        for (state, want) in [(1, Some(vec![1; 100])), (2, None), (3, Some(vec![3; 100]))] {
+            assert_eq!(
+                run(&mut s, Op::Get(kr(&key(state, i)))).unwrap(),
+                Owned::Value(want),
+                "state {state} key {i}"
+            );
+        }
+    }
+}

@@ -126,6 +126,7 @@ impl<I: Io> Store<I> {
             serial,
             reserve,
             id,
+            dropped: crate::dropped::DroppedFilter::new(self.dropped.clone()),
         });
         self.rebalance_cache();
     }
@@ -220,7 +221,9 @@ impl<I: Io> Store<I> {
             let key = min.to_vec();
             let mut operands: Vec<Vec<u8>> = Vec::new();
             let mut result: Option<(Kind, Vec<u8>)> = None;
-            let mut decided = false;
+            // A dropped state's records are passed over in every input
+            // (none may come back from an older one: no one reads them).
+            let mut decided = j.dropped.drops(&key);
             let mut clear_rank = None;
             for (rank, c) in j.cursors.iter_mut().enumerate() {
                 let (Some(b), at) = c.split() else { continue };

@@ -392,6 +392,8 @@ struct CompactJob {
     reserve: usize,
     /// The output's id, as `FlushJob::id`.
     id: u64,
+    /// Records of dropped states it leaves out.
+    dropped: crate::dropped::DroppedFilter,
 }
 
 /// Blocks of read-ahead per compaction input.
@@ -427,6 +429,8 @@ pub struct Store<I: Io> {
     flush: Option<FlushJob>,
     compact: Option<CompactJob>,
     kg_deletes: Vec<KgDelete>,
+    /// States whose records compaction leaves out (`set_dropped_states`).
+    dropped: Option<Arc<crate::DroppedStates>>,
     /// Checkpoints: retained manifests, pinned files, checkpoints in
     /// progress (see `checkpoint.rs`).
     ckpt: checkpoint::Checkpoints,
@@ -889,6 +893,7 @@ impl<I: Io> Store<I> {
             flush: None,
             compact: None,
             kg_deletes,
+            dropped: None,
             ckpt,
             exports: Slab::new(),
             job_serial: 0,
@@ -1163,6 +1168,14 @@ impl<I: Io> Store<I> {
                 .tier
                 .as_ref()
                 .is_some_and(|t| t.outstanding() > 0 || !t.wb.is_empty())
+    }
+
+    /// Leaves the records of `states`' dropped ids out of every compaction
+    /// that starts from now on (their space comes back as compaction
+    /// passes through the layers holding them). Reads do not filter: no
+    /// one may name a dropped id.
+    pub fn set_dropped_states(&mut self, states: Arc<crate::DroppedStates>) {
+        self.dropped = Some(states);
     }
 
     /// Requests a major compaction: once the running background work is
