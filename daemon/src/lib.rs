@@ -34,6 +34,7 @@ pub mod connections;
 pub mod control;
 pub mod metrics;
 pub mod notify;
+pub mod registry;
 pub mod shard;
 pub mod status;
 pub mod status_schema;

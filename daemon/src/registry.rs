@@ -1,0 +1,445 @@
+//! The state registry: each `(job, operator, name)`'s daemon-wide state
+//! id and kind (`<data_dir>/states.json`), which uid each job belongs to
+//! (`jobs.json`), and the immutable view of it shards read without a lock.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use stator_ring::control::{kind, status};
+use stator_store::StateKind;
+
+use crate::control::Refusal;
+
+/// States the registry holds at most (each new one rewrites the file).
+const MAX_REGISTERED: usize = 1 << 16;
+
+/// State names of every job, and their store-wide ids. Persisted, so that
+/// a restarted daemon gives the same (job, operator, name) the same id.
+/// Also which uid each job belongs to (`jobs.json`): the first uid that
+/// opened a session of it, so that one tenant cannot open another's job by
+/// its name and reach its state or checkpoints.
+pub struct Registry {
+    path: PathBuf,
+    entries: Vec<RegEntry>,
+    index: HashMap<(String, String, String), usize>,
+    jobs_path: PathBuf,
+    jobs: std::collections::BTreeMap<String, u32>,
+    /// States one job may have registered (`max_states_per_job`).
+    max_per_job: usize,
+    /// What shards read, published after each change.
+    view: RegistryView,
+}
+
+/// The registry as shards read it: an immutable copy, replaced whole after
+/// each change, so that a shard never waits on a registration's file
+/// writes and fsyncs (they run under the registry's mutex, which a shard
+/// takes only for an import that brings state names new to its operator).
+#[derive(Clone, Default)]
+pub struct RegistryView(Arc<RwLock<Arc<RegView>>>);
+
+impl RegistryView {
+    /// The registry as of now.
+    pub fn get(&self) -> Arc<RegView> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn publish(&self, entries: &[RegEntry]) {
+        let mut v = RegView::default();
+        for e in entries {
+            v.by_operator
+                .entry(e.job.clone())
+                .or_default()
+                .entry(e.operator.clone())
+                .or_default()
+                .entries
+                .push(e.clone());
+        }
+        // What each checkpoint of an operator keeps, made here (off the
+        // shards) once per registration rather than at every checkpoint.
+        for op in v.by_operator.values_mut().flat_map(|o| o.values_mut()) {
+            op.ids = op.entries.iter().map(|e| e.id).collect();
+            op.meta = serde_json::to_vec(&op.entries).unwrap_or_default();
+        }
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
+    }
+}
+
+/// One version of the registry: each operator's states, in registration
+/// order.
+#[derive(Default)]
+pub struct RegView {
+    by_operator: HashMap<String, HashMap<String, OperatorStates>>,
+}
+
+/// One operator's registrations, and what its checkpoints keep of them.
+#[derive(Default)]
+struct OperatorStates {
+    entries: Vec<RegEntry>,
+    ids: Vec<u32>,
+    /// `entries` as JSON.
+    meta: Vec<u8>,
+}
+
+impl RegView {
+    fn operator(&self, job: &str, op: &str) -> Option<&OperatorStates> {
+        self.by_operator.get(job).and_then(|o| o.get(op))
+    }
+
+    fn of(&self, job: &str, op: &str) -> &[RegEntry] {
+        self.operator(job, op).map_or(&[], |o| &o.entries)
+    }
+
+    /// Every state id of an operator, and its registrations as JSON (kept
+    /// in checkpoint manifests).
+    pub fn operator_states(&self, job: &str, op: &str) -> (Vec<u32>, Vec<u8>) {
+        match self.operator(job, op) {
+            Some(o) => (o.ids.clone(), o.meta.clone()),
+            None => (Vec::new(), b"[]".to_vec()),
+        }
+    }
+
+    /// Every state of an operator, as a portable snapshot names it.
+    pub fn operator_descs(&self, job: &str, op: &str) -> Vec<stator_store::snapshot::StateDesc> {
+        self.of(job, op)
+            .iter()
+            .filter_map(|e| {
+                Some(stator_store::snapshot::StateDesc {
+                    id: e.id,
+                    kind: state_kind(e.kind)?,
+                    name: e.name.as_bytes().to_vec(),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `(job, op, name)` is registered.
+    pub fn is_registered(&self, job: &str, op: &str, name: &str) -> bool {
+        self.of(job, op).iter().any(|e| e.name == name)
+    }
+
+    /// The id of registered state `(job, op, name)`, if it is of kind `k`.
+    pub fn id_of(&self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, String> {
+        match self.of(job, op).iter().find(|e| e.name == name) {
+            Some(e) if e.kind == k => Ok(e.id),
+            Some(e) => Err(conflict(name, op, e.kind, k)),
+            None => Err(format!(
+                "state `{name}` of operator `{op}` is not registered"
+            )),
+        }
+    }
+}
+
+/// Why a state cannot be registered as kind `want`.
+fn conflict(name: &str, op: &str, have: u8, want: u8) -> String {
+    format!(
+        "state `{name}` of operator `{op}` is registered as {}, not {}",
+        kind_name(have),
+        kind_name(want)
+    )
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RegEntry {
+    job: String,
+    operator: String,
+    name: String,
+    kind: u8,
+    id: u32,
+}
+
+impl Registry {
+    /// Loads `<data_dir>/states.json` and `jobs.json` (or starts empty).
+    pub fn open(data_dir: &Path) -> std::io::Result<Registry> {
+        let path = data_dir.join("states.json");
+        let entries: Vec<RegEntry> = load_json(&path)?.unwrap_or_default();
+        let jobs_path = data_dir.join("jobs.json");
+        let jobs = load_json(&jobs_path)?.unwrap_or_default();
+        let index = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((e.job.clone(), e.operator.clone(), e.name.clone()), i))
+            .collect();
+        let view = RegistryView::default();
+        view.publish(&entries);
+        Ok(Registry {
+            path,
+            entries,
+            index,
+            jobs_path,
+            jobs,
+            max_per_job: crate::config::DEFAULT_MAX_STATES_PER_JOB,
+            view,
+        })
+    }
+
+    /// What shards read (see [`RegistryView`]).
+    pub fn view(&self) -> RegistryView {
+        self.view.clone()
+    }
+
+    /// Sets how many states one job may register (`max_states_per_job`;
+    /// at start and at a reload).
+    pub fn set_max_states_per_job(&mut self, n: usize) {
+        self.max_per_job = n;
+    }
+
+    /// Lets `uid` open a session of `job`: a job belongs to the first uid
+    /// that opens it (durably); another uid is refused. A job that already
+    /// has state but no owner (imported by root, or from before owners were
+    /// kept) is refused too: the first comer must not take another's state;
+    /// the operator names its uid in `jobs.json`. Root and statord's own
+    /// uid may open any job and claim none (statorctl's exports and
+    /// imports). A claim stays even if the open then fails (a limit): the
+    /// uid asked for the job, and undoing it could race another of its
+    /// subtasks opening at the same moment.
+    pub fn claim(&mut self, job: &str, uid: u32) -> Result<(), Refusal> {
+        if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+            return Ok(());
+        }
+        match self.jobs.get(job) {
+            Some(&owner) if owner == uid => Ok(()),
+            Some(&owner) => Err((
+                status::DENIED,
+                format!(
+                    "job `{job}` belongs to uid {owner}, not {uid} (the first uid to open it; jobs.json in the data directory)"
+                ),
+            )),
+            None if self.entries.iter().any(|e| e.job == job) => Err((
+                status::DENIED,
+                format!(
+                    "job `{job}` has state but no owning uid; the operator assigns it in jobs.json in the data directory (\"{job}\": {uid})"
+                ),
+            )),
+            None if self.jobs.len() >= MAX_REGISTERED => Err((
+                status::LIMIT,
+                format!("{MAX_REGISTERED} jobs are claimed on this daemon"),
+            )),
+            None => {
+                self.jobs.insert(job.to_string(), uid);
+                if let Err(e) = save_json(&self.jobs_path, &self.jobs) {
+                    self.jobs.remove(job);
+                    return Err((status::INTERNAL, format!("cannot save the job owners: {e}")));
+                }
+                tracing::info!(job, uid, "job claimed by its first uid");
+                Ok(())
+            }
+        }
+    }
+
+    /// The store-wide id of a state, registering it (durably) if new.
+    pub(crate) fn register(
+        &mut self,
+        job: &str,
+        op: &str,
+        name: &str,
+        k: u8,
+    ) -> Result<u32, (i32, String)> {
+        self.register_all(job, op, &[(name, k)]).map(|ids| ids[0])
+    }
+
+    /// The store-wide ids of states of one operator, registering the new
+    /// ones with one durable save (all or none).
+    pub fn register_all(
+        &mut self,
+        job: &str,
+        op: &str,
+        states: &[(&str, u8)],
+    ) -> Result<Vec<u32>, (i32, String)> {
+        let before = self.entries.len();
+        // (One pass over the registry per registration: registrations are
+        // rare, at a session's start.)
+        let mut of_job = self.entries.iter().filter(|e| e.job == job).count();
+        let mut ids = Vec::with_capacity(states.len());
+        let mut next = self.next_id();
+        let undo = |r: &mut Registry| {
+            for e in r.entries.drain(before..) {
+                r.index.remove(&(e.job, e.operator, e.name));
+            }
+        };
+        for &(name, k) in states {
+            let key = (job.to_string(), op.to_string(), name.to_string());
+            if let Some(&i) = self.index.get(&key) {
+                let e = &self.entries[i];
+                if e.kind != k {
+                    let msg = conflict(name, op, e.kind, k);
+                    undo(self);
+                    return Err((status::CONFLICT, msg));
+                }
+                ids.push(e.id);
+                continue;
+            }
+            if self.entries.len() >= MAX_REGISTERED {
+                undo(self);
+                return Err((
+                    status::LIMIT,
+                    format!("{MAX_REGISTERED} states are registered on this daemon"),
+                ));
+            }
+            if of_job >= self.max_per_job {
+                undo(self);
+                return Err((
+                    status::LIMIT,
+                    format!(
+                        "job `{job}` has {of_job} states registered (max_states_per_job {}); state names are kept across sessions, so a job that makes up new names each run runs out",
+                        self.max_per_job
+                    ),
+                ));
+            }
+            of_job += 1;
+            let id = next;
+            next += 1;
+            self.entries.push(RegEntry {
+                job: key.0.clone(),
+                operator: key.1.clone(),
+                name: key.2.clone(),
+                kind: k,
+                id,
+            });
+            self.index.insert(key, self.entries.len() - 1);
+            ids.push(id);
+        }
+        if self.entries.len() > before {
+            if let Err(e) = self.save() {
+                undo(self);
+                return Err((
+                    status::INTERNAL,
+                    format!("cannot save the state registry: {e}"),
+                ));
+            }
+            self.view.publish(&self.entries);
+        }
+        Ok(ids)
+    }
+
+    fn next_id(&self) -> u32 {
+        self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1)
+    }
+
+    fn save(&self) -> std::io::Result<()> {
+        save_json(&self.path, &self.entries)
+    }
+}
+
+/// Reads a JSON file; `None` when it does not exist.
+fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<Option<T>> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces a JSON file durably (a temporary file, fsync, rename, the
+/// directory's fsync).
+fn save_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(v)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        std::fs::File::open(d)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn kind_name(k: u8) -> &'static str {
+    match k {
+        kind::VALUE => "a value state",
+        kind::LIST => "a list state",
+        kind::MAP => "a map state",
+        _ => "an unknown kind",
+    }
+}
+
+pub(crate) fn state_kind(k: u8) -> Option<StateKind> {
+    match k {
+        kind::VALUE => Some(StateKind::Value),
+        kind::LIST => Some(StateKind::List),
+        kind::MAP => Some(StateKind::Map),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn a_job_belongs_to_its_first_uid_and_unowned_state_is_not_up_for_grabs() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        // Root (these tests' uid, statord's own) opens anything, claims nothing.
+        let root = nix::unistd::geteuid().as_raw();
+        r.claim("a", root).unwrap();
+        r.claim("a", 1000).unwrap();
+        r.claim("a", 1000).unwrap();
+        let (st, m) = r.claim("a", 1001).unwrap_err();
+        assert_eq!(st, status::DENIED);
+        assert!(m.contains("belongs to uid 1000"), "{m}");
+        r.claim("a", root).unwrap();
+        // A job with state and no owner (root imported it): nobody's to take.
+        r.register("imported", "op", "v", kind::VALUE).unwrap();
+        let (st, m) = r.claim("imported", 1000).unwrap_err();
+        assert_eq!(st, status::DENIED);
+        assert!(m.contains("no owning uid"), "{m}");
+        // Durable, and an operator's assignment in jobs.json is honoured.
+        drop(r);
+        let jobs = d.path().join("jobs.json");
+        let mut owners: std::collections::BTreeMap<String, u32> =
+            serde_json::from_slice(&std::fs::read(&jobs).unwrap()).unwrap();
+        assert_eq!(owners.get("a"), Some(&1000));
+        owners.insert("imported".into(), 1001);
+        std::fs::write(&jobs, serde_json::to_vec(&owners).unwrap()).unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        assert_eq!(r.claim("a", 1001).unwrap_err().0, status::DENIED);
+        r.claim("imported", 1001).unwrap();
+        assert_eq!(r.claim("imported", 1000).unwrap_err().0, status::DENIED);
+    }
+
+    /// Shards read the registry's published view, never its lock: a
+    /// registration holding the lock across its file writes and fsyncs
+    /// (here: held) stalls no checkpoint or export. Each registration is
+    /// published before it is answered, and a restart publishes the file.
+    #[test]
+    fn the_view_is_read_without_the_lock_and_follows_registrations() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        let view = r.view();
+        let a = r.register("j", "op", "a", kind::VALUE).unwrap();
+        let b = r.register_all("j", "op", &[("b", kind::MAP)]).unwrap()[0];
+        r.register("j", "other", "c", kind::LIST).unwrap();
+        let reg = Mutex::new(r);
+        let held = reg.lock().unwrap();
+        let v = view.get();
+        assert_eq!(v.operator_states("j", "op").0, vec![a, b]);
+        let meta: Vec<RegEntry> = serde_json::from_slice(&v.operator_states("j", "op").1).unwrap();
+        assert_eq!(
+            meta.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert_eq!(v.operator_descs("j", "op").len(), 2);
+        assert!(v.is_registered("j", "other", "c") && !v.is_registered("j", "op", "c"));
+        assert_eq!(v.id_of("j", "op", "b", kind::MAP), Ok(b));
+        let m = v.id_of("j", "op", "b", kind::VALUE).unwrap_err();
+        assert!(m.contains("registered as a map state"), "{m}");
+        drop(held);
+        // A version read earlier stays as it was; a restart publishes the file.
+        let mut r = reg.into_inner().unwrap();
+        r.register("j", "op", "d", kind::VALUE).unwrap();
+        assert_eq!(v.operator_states("j", "op").0.len(), 2);
+        assert_eq!(view.get().operator_states("j", "op").0.len(), 3);
+        drop(r);
+        let r = Registry::open(d.path()).unwrap();
+        assert_eq!(r.view().get().operator_states("j", "op").0.len(), 3);
+    }
+}
