@@ -878,3 +878,60 @@ fn a_job_cannot_grow_the_state_registry_without_bound() {
     let mut other = Session::open(&d.socket, &opts("other", 0, 1)).unwrap();
     other.register("state-9", Kind::Value).unwrap();
 }
+
+/// Issue 27 #5, the other half: a job with no session and no retained
+/// checkpoint for `drop_idle_jobs_after_secs` is dropped: its names and
+/// owner leave the registry's files, and opened again it starts empty
+/// (its old state's ids are never handed out again). A job with a session
+/// open, or with a retained checkpoint, keeps everything.
+#[test]
+fn a_finished_job_without_checkpoints_is_dropped() {
+    use stator_client::{Notify, Request as R};
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = tmp.path().join("statord.toml");
+    std::fs::write(&conf, "drop_idle_jobs_after_secs = 1\n").unwrap();
+    let d = Daemon::start_in(tmp.path(), 64, &["--config", conf.to_str().unwrap()]);
+    let write = |job: &str| {
+        let mut s = Session::open(&d.socket, &opts(job, 0, 1)).unwrap();
+        let v = ValueState(s.register("v", Kind::Value).unwrap());
+        run(&mut s, &v.put(3, b"key", job.as_bytes())).unwrap();
+        (s, v)
+    };
+    let read = |s: &mut Session, v: &ValueState| run(s, &v.get(3, b"key")).unwrap().value;
+    let (s, _) = write("finished");
+    s.close().unwrap();
+    let (mut s, _) = write("checkpointed");
+    run(&mut s, &R::checkpoint(1)).unwrap();
+    run(&mut s, &R::checkpoint_notify(1, Notify::Complete)).unwrap();
+    s.close().unwrap();
+    let (mut running, rv) = write("running");
+    let states = tmp.path().join("data/states.json");
+    let jobs = tmp.path().join("data/jobs.json");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&states)
+        .unwrap()
+        .contains("\"finished\"")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the finished job is still registered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let registry = std::fs::read_to_string(&states).unwrap();
+    assert!(
+        registry.contains("\"checkpointed\"") && registry.contains("\"running\""),
+        "{registry}"
+    );
+    // (Root, as these tests run, owns no job: the unit tests check owners.)
+    let owners = std::fs::read_to_string(&jobs).unwrap_or_default();
+    assert!(!owners.contains("\"finished\""), "{owners}");
+    // Opened again, it starts empty; the others kept their state.
+    let mut s = Session::open(&d.socket, &opts("finished", 0, 1)).unwrap();
+    let v = ValueState(s.register("v", Kind::Value).unwrap());
+    assert_eq!(read(&mut s, &v), None);
+    assert_eq!(read(&mut running, &rv).as_deref(), Some(&b"running"[..]));
+    let mut s = Session::open(&d.socket, &opts("checkpointed", 0, 1)).unwrap();
+    let v = ValueState(s.register("v", Kind::Value).unwrap());
+    assert_eq!(read(&mut s, &v).as_deref(), Some(&b"checkpointed"[..]));
+}

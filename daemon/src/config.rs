@@ -50,6 +50,11 @@ pub struct Config {
     /// and sessions: names are kept across sessions and restarts, so this
     /// bounds a tenant that makes up new ones. At least 1.
     pub max_states_per_job: usize,
+    /// A job with no open session and no retained checkpoint (completed or
+    /// not) for this many seconds is dropped: its state names, its owning
+    /// uid and its live state (which compaction then reclaims). 0 = never.
+    /// A job opened again after that starts empty.
+    pub drop_idle_jobs_after_secs: u64,
     /// Log filter: targets and levels (`info`, `warn,statord=debug`; no span
     /// or field filters).
     /// `STATOR_LOG` or `RUST_LOG` override it. SIGHUP re-reads it (and
@@ -190,6 +195,7 @@ impl Default for Config {
             retained_checkpoints: stator_store::DEFAULT_RETAINED_CHECKPOINTS,
             checkpoint_layer_limit: stator_store::DEFAULT_CHECKPOINT_LAYER_LIMIT,
             max_states_per_job: DEFAULT_MAX_STATES_PER_JOB,
+            drop_idle_jobs_after_secs: DEFAULT_DROP_IDLE_JOBS_AFTER_SECS,
             log: "info".into(),
             session: SessionLimits::default(),
             remote: RemoteSettings::default(),
@@ -239,6 +245,7 @@ fn queue_ok(n: u32) -> bool {
 impl Config {
     /// What a reload (SIGHUP) changes at runtime: `log`, `max_sessions`,
     /// `max_sessions_per_uid`, `max_states_per_job`,
+    /// `drop_idle_jobs_after_secs`,
     /// `allowed_uids` and the `session.*` limits but `session.batch` (they
     /// apply to sessions opened from then on; open sessions keep theirs).
     /// Returns the configuration to run with (`new`'s runtime keys, this
@@ -249,6 +256,7 @@ impl Config {
         run.log = new.log.clone();
         run.max_sessions = new.max_sessions;
         run.max_states_per_job = new.max_states_per_job;
+        run.drop_idle_jobs_after_secs = new.drop_idle_jobs_after_secs;
         run.max_sessions_per_uid = new.max_sessions_per_uid;
         run.allowed_uids = new.allowed_uids.clone();
         run.session = SessionLimits {
@@ -548,6 +556,9 @@ const MIN_CACHE_MIB: u64 = 4;
 
 /// [`Config::max_states_per_job`] unless set.
 pub const DEFAULT_MAX_STATES_PER_JOB: usize = 4096;
+
+/// [`Config::drop_idle_jobs_after_secs`] unless set: a week.
+pub const DEFAULT_DROP_IDLE_JOBS_AFTER_SECS: u64 = 7 * 24 * 3600;
 
 fn physical_memory() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.

@@ -56,6 +56,14 @@ impl Ctx {
         })
     }
 
+    /// A session of `job` is gone (see [`Registry::enter`]).
+    fn leave(&self, job: &str) {
+        self.registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .leave(job);
+    }
+
     /// Gives back a slot [`Ctx::take_uid_slot`] took.
     fn give_uid_slot(&self, uid: u32) {
         give(&self.per_uid, uid);
@@ -200,12 +208,11 @@ pub(crate) fn open(
             format!("{} sessions are open (max_sessions)", cfg.max_sessions),
         ));
     }
-    if let Err(r) = ctx
-        .registry
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .claim(job, uid)
-    {
+    if let Err(r) = {
+        let mut reg = ctx.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Under one lock: a job is never dropped while it opens.
+        reg.claim(job, uid).map(|()| reg.enter(job))
+    } {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
         ctx.give_uid_slot(uid);
         return Err(r);
@@ -264,6 +271,7 @@ pub(crate) fn open(
             ))
         }
         other => {
+            ctx.leave(job);
             ctx.sessions.fetch_sub(1, Ordering::AcqRel);
             ctx.give_uid_slot(uid);
             let m = match other {
@@ -347,6 +355,7 @@ pub(crate) fn close(ctx: &Ctx, o: &Open) {
     }) {
         let _ = rx.recv_timeout(Duration::from_secs(5));
     }
+    ctx.leave(&o.job);
     ctx.sessions.fetch_sub(1, Ordering::AcqRel);
     ctx.give_uid_slot(o.uid);
     tracing::info!(session = o.id, "session closed");

@@ -81,6 +81,8 @@ pub struct Daemon {
     status: Option<StatusServer>,
     /// Where the remote tier's requests run (dropped after the shards).
     remote_rt: Option<RemoteRuntime>,
+    /// Drops idle jobs; stops when its sender is dropped.
+    janitor: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
 
 fn path_err(what: &'static str, p: &std::path::Path) -> impl FnOnce(std::io::Error) -> StartError {
@@ -238,6 +240,15 @@ impl Daemon {
                 shard: usize::MAX,
                 msg: format!("cannot start the acceptor: {e}"),
             })?;
+        let (stop_janitor, stopped) = crossbeam_channel::bounded(0);
+        let c = ctx.clone();
+        let janitor = std::thread::Builder::new()
+            .name("statord-janitor".into())
+            .spawn(move || janitor(&c, &stopped))
+            .map_err(|e| StartError::Shard {
+                shard: usize::MAX,
+                msg: format!("cannot start the janitor: {e}"),
+            })?;
         tracing::info!(socket = %sock.display(), status = %status_path.display(), shards = ctx.shards.len(), "statord is serving");
         Ok(Daemon {
             ctx,
@@ -245,6 +256,7 @@ impl Daemon {
             shards,
             status: Some(status),
             remote_rt: remote_rt.map(|(rt, _)| rt),
+            janitor: Some((stop_janitor, janitor)),
         })
     }
 
@@ -294,6 +306,10 @@ impl Daemon {
     /// store and joins the threads.
     pub fn stop(mut self) -> Vec<ShardStats> {
         self.ctx.stopping.store(true, Ordering::Release);
+        if let Some((stop, j)) = self.janitor.take() {
+            drop(stop);
+            let _ = j.join();
+        }
         // Open control connections stay open until the shards have
         // answered what is in flight: a client takes its connection's end
         // for the daemon's.
@@ -319,4 +335,70 @@ impl Daemon {
         drop(self.remote_rt.take());
         stats
     }
+}
+
+/// Drops jobs with no session and no retained checkpoint for
+/// `drop_idle_jobs_after_secs` ([`Registry::drop_idle`]), checking every
+/// quarter of that time (at least every 100 ms, at most every minute),
+/// until `stop`'s sender is dropped.
+fn janitor(ctx: &Ctx, stop: &crossbeam_channel::Receiver<()>) {
+    // Reports made before now are the shards' empty first ones.
+    let started = Instant::now();
+    loop {
+        let after = Duration::from_secs(ctx.cfg().drop_idle_jobs_after_secs);
+        let every = if after.is_zero() {
+            Duration::from_secs(5)
+        } else {
+            (after / 4).clamp(Duration::from_millis(100), Duration::from_secs(60))
+        };
+        if stop.recv_timeout(every) != Err(crossbeam_channel::RecvTimeoutError::Timeout) {
+            return;
+        }
+        if after.is_zero() || ctx.stopping.load(Ordering::Acquire) {
+            continue;
+        }
+        let Some(retained) = retained(ctx, started) else {
+            continue;
+        };
+        let dropped = ctx
+            .registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drop_idle(after, &retained);
+        match dropped {
+            Ok(jobs) => {
+                for job in jobs {
+                    tracing::info!(
+                        job,
+                        idle_secs = after.as_secs(),
+                        "job dropped: no session and no retained checkpoint; its names are forgotten and compaction reclaims its state"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot drop idle jobs: the registry could not be saved; retried");
+            }
+        }
+    }
+}
+
+/// The jobs with a retained checkpoint on any shard, as the shards last
+/// reported; `None` while a shard has not reported since `since`.
+fn retained(ctx: &Ctx, since: Instant) -> Option<registry::Retained> {
+    let mut r = registry::Retained {
+        jobs: Default::default(),
+        as_of: Instant::now(),
+    };
+    for h in &ctx.shards {
+        let report = h.live.report.get();
+        if report.at < since {
+            return None;
+        }
+        r.as_of = r.as_of.min(report.at);
+        for c in &report.checkpoints {
+            let job = c.owner.split(|&b| b == 0).next().unwrap_or_default();
+            r.jobs.insert(String::from_utf8_lossy(job).into_owned());
+        }
+    }
+    Some(r)
 }

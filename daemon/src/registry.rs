@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use stator_ring::control::{kind, status};
-use stator_store::StateKind;
+use stator_store::{DroppedStates, StateKind};
 
 use crate::control::Refusal;
 
@@ -20,17 +21,60 @@ const MAX_REGISTERED: usize = 1 << 16;
 /// a restarted daemon gives the same (job, operator, name) the same id.
 /// Also which uid each job belongs to (`jobs.json`): the first uid that
 /// opened a session of it, so that one tenant cannot open another's job by
-/// its name and reach its state or checkpoints.
+/// its name and reach its state or checkpoints. A job with no session and
+/// no retained checkpoint for `drop_idle_jobs_after_secs` is dropped
+/// ([`Registry::drop_idle`]): names, owner and (through compaction) live
+/// state.
 pub struct Registry {
     path: PathBuf,
     entries: Vec<RegEntry>,
     index: HashMap<(String, String, String), usize>,
+    /// The id the next new state gets: ids are never reused, so a dropped
+    /// job's records stay nobody's (and compaction leaves them out).
+    next_id: u32,
     jobs_path: PathBuf,
     jobs: std::collections::BTreeMap<String, u32>,
+    /// Open sessions of each job that has had one since the start.
+    use_of: HashMap<String, JobUse>,
+    /// When the registry was opened: a job no session opened since has
+    /// been idle at least as long.
+    opened: Instant,
     /// States one job may have registered (`max_states_per_job`).
     max_per_job: usize,
     /// What shards read, published after each change.
     view: RegistryView,
+}
+
+/// A job's open sessions, and since when it has had none.
+struct JobUse {
+    sessions: usize,
+    idle_since: Instant,
+}
+
+/// What the shards' reports say about checkpoints, for
+/// [`Registry::drop_idle`].
+pub struct Retained {
+    /// Jobs with a retained checkpoint (completed or not) on any shard.
+    pub jobs: std::collections::HashSet<String>,
+    /// When the oldest of those reports was made: a job idle since before
+    /// then cannot have a checkpoint it does not list.
+    pub as_of: Instant,
+}
+
+/// `states.json` as read: the registrations and the next id, or (a file
+/// from before jobs could be dropped) the registrations alone.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StatesFile {
+    Current { next_id: u32, states: Vec<RegEntry> },
+    Listed(Vec<RegEntry>),
+}
+
+/// `states.json` as written.
+#[derive(Serialize)]
+struct StatesOut<'a> {
+    next_id: u32,
+    states: &'a [RegEntry],
 }
 
 /// The registry as shards read it: an immutable copy, replaced whole after
@@ -46,8 +90,11 @@ impl RegistryView {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn publish(&self, entries: &[RegEntry]) {
-        let mut v = RegView::default();
+    fn publish(&self, entries: &[RegEntry], next_id: u32) {
+        let mut v = RegView {
+            dropped: Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id))),
+            ..RegView::default()
+        };
         for e in entries {
             v.by_operator
                 .entry(e.job.clone())
@@ -72,6 +119,8 @@ impl RegistryView {
 #[derive(Default)]
 pub struct RegView {
     by_operator: HashMap<String, HashMap<String, OperatorStates>>,
+    /// State ids of dropped jobs, whose records compaction leaves out.
+    dropped: Arc<DroppedStates>,
 }
 
 /// One operator's registrations, and what its checkpoints keep of them.
@@ -84,6 +133,11 @@ struct OperatorStates {
 }
 
 impl RegView {
+    /// State ids no one may name any more (see [`DroppedStates`]).
+    pub fn dropped(&self) -> &Arc<DroppedStates> {
+        &self.dropped
+    }
+
     fn operator(&self, job: &str, op: &str) -> Option<&OperatorStates> {
         self.by_operator.get(job).and_then(|o| o.get(op))
     }
@@ -154,22 +208,30 @@ impl Registry {
     /// Loads `<data_dir>/states.json` and `jobs.json` (or starts empty).
     pub fn open(data_dir: &Path) -> std::io::Result<Registry> {
         let path = data_dir.join("states.json");
-        let entries: Vec<RegEntry> = load_json(&path)?.unwrap_or_default();
+        let (next_id, entries) = match load_json(&path)? {
+            None => (1, Vec::new()),
+            Some(StatesFile::Current { next_id, states }) => (next_id, states),
+            Some(StatesFile::Listed(states)) => (1, states),
+        };
+        // Past every id in the file, whatever it says.
+        let next_id = entries
+            .iter()
+            .map(|e| e.id + 1)
+            .fold(next_id.max(1), u32::max);
         let jobs_path = data_dir.join("jobs.json");
         let jobs = load_json(&jobs_path)?.unwrap_or_default();
-        let index = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| ((e.job.clone(), e.operator.clone(), e.name.clone()), i))
-            .collect();
+        let index = index_of(&entries);
         let view = RegistryView::default();
-        view.publish(&entries);
+        view.publish(&entries, next_id);
         Ok(Registry {
             path,
             entries,
             index,
+            next_id,
             jobs_path,
             jobs,
+            use_of: HashMap::new(),
+            opened: Instant::now(),
             max_per_job: crate::config::DEFAULT_MAX_STATES_PER_JOB,
             view,
         })
@@ -253,11 +315,12 @@ impl Registry {
         // rare, at a session's start.)
         let mut of_job = self.entries.iter().filter(|e| e.job == job).count();
         let mut ids = Vec::with_capacity(states.len());
-        let mut next = self.next_id();
+        let first = self.next_id;
         let undo = |r: &mut Registry| {
             for e in r.entries.drain(before..) {
                 r.index.remove(&(e.job, e.operator, e.name));
             }
+            r.next_id = first;
         };
         for &(name, k) in states {
             let key = (job.to_string(), op.to_string(), name.to_string());
@@ -289,8 +352,11 @@ impl Registry {
                 ));
             }
             of_job += 1;
-            let id = next;
-            next += 1;
+            let Some(after) = self.next_id.checked_add(1) else {
+                undo(self);
+                return Err((status::LIMIT, "every state id has been handed out".into()));
+            };
+            let id = std::mem::replace(&mut self.next_id, after);
             self.entries.push(RegEntry {
                 job: key.0.clone(),
                 operator: key.1.clone(),
@@ -309,18 +375,120 @@ impl Registry {
                     format!("cannot save the state registry: {e}"),
                 ));
             }
-            self.view.publish(&self.entries);
+            self.view.publish(&self.entries, self.next_id);
         }
         Ok(ids)
     }
 
-    fn next_id(&self) -> u32 {
-        self.entries.iter().map(|e| e.id + 1).max().unwrap_or(1)
+    /// A session of `job` opens. Called under the same lock as its
+    /// [`Registry::claim`], so a drop never races an open.
+    pub fn enter(&mut self, job: &str) {
+        self.use_of
+            .entry(job.to_string())
+            .or_insert(JobUse {
+                sessions: 0,
+                idle_since: Instant::now(),
+            })
+            .sessions += 1;
+    }
+
+    /// A session of `job` closed (or failed to open after
+    /// [`Registry::enter`]).
+    pub fn leave(&mut self, job: &str) {
+        if let Some(u) = self.use_of.get_mut(job) {
+            u.sessions = u.sessions.saturating_sub(1);
+            if u.sessions == 0 {
+                u.idle_since = Instant::now();
+            }
+        }
+    }
+
+    /// Drops every job that has had no session for `after` and has no
+    /// retained checkpoint: its names (their ids are never handed out
+    /// again, and compaction leaves their records out) and its owner, so
+    /// that neither file grows with every job that ever ran (a Flink job
+    /// is named by its job id unless told otherwise). Returns the jobs
+    /// dropped. A failed save drops nothing.
+    pub fn drop_idle(
+        &mut self,
+        after: Duration,
+        retained: &Retained,
+    ) -> std::io::Result<Vec<String>> {
+        let now = Instant::now();
+        // A closed job with neither names nor owner (root's) has nothing to
+        // drop: forget it.
+        let named: std::collections::HashSet<&str> =
+            self.entries.iter().map(|e| e.job.as_str()).collect();
+        let jobs = &self.jobs;
+        self.use_of
+            .retain(|j, u| u.sessions > 0 || jobs.contains_key(j) || named.contains(j.as_str()));
+        let idle = |job: &str| -> bool {
+            let since = match self.use_of.get(job) {
+                Some(u) if u.sessions > 0 => return false,
+                Some(u) => u.idle_since,
+                None => self.opened,
+            };
+            now.saturating_duration_since(since) >= after
+                && since < retained.as_of
+                && !retained.jobs.contains(job)
+        };
+        let doomed: std::collections::BTreeSet<String> = self
+            .entries
+            .iter()
+            .map(|e| e.job.as_str())
+            .chain(self.jobs.keys().map(String::as_str))
+            .filter(|&j| idle(j))
+            .map(str::to_string)
+            .collect();
+        if doomed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all = std::mem::take(&mut self.entries);
+        self.entries = all
+            .iter()
+            .filter(|e| !doomed.contains(&e.job))
+            .cloned()
+            .collect();
+        if let Err(e) = self.save() {
+            self.entries = all;
+            return Err(e);
+        }
+        self.index = index_of(&self.entries);
+        self.view.publish(&self.entries, self.next_id);
+        let owners = self.jobs.clone();
+        self.jobs.retain(|j, _| !doomed.contains(j));
+        if owners.len() != self.jobs.len()
+            && let Err(e) = save_json(&self.jobs_path, &self.jobs)
+        {
+            // The names are gone; the owners stay until the next try
+            // (an owner alone keeps nothing).
+            self.jobs = owners;
+            return Err(e);
+        }
+        for j in &doomed {
+            self.use_of.remove(j);
+        }
+        Ok(doomed.into_iter().collect())
     }
 
     fn save(&self) -> std::io::Result<()> {
-        save_json(&self.path, &self.entries)
+        save_json(
+            &self.path,
+            &StatesOut {
+                next_id: self.next_id,
+                states: &self.entries,
+            },
+        )
     }
+}
+
+/// Where each registration is in `entries`.
+fn index_of(entries: &[RegEntry]) -> HashMap<(String, String, String), usize> {
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| ((e.job.clone(), e.operator.clone(), e.name.clone()), i))
+        .collect()
 }
 
 /// Reads a JSON file; `None` when it does not exist.
@@ -441,5 +609,85 @@ mod tests {
         drop(r);
         let r = Registry::open(d.path()).unwrap();
         assert_eq!(r.view().get().operator_states("j", "op").0.len(), 3);
+    }
+
+    /// Issue 27 #5: a job with no session and no retained checkpoint for
+    /// the idle time is dropped (names and owner, durably); one with a
+    /// session, a checkpoint, or not yet seen by a report since it went
+    /// idle is not; ids are never handed out again, across a restart too,
+    /// and the published view says which are dropped.
+    #[test]
+    fn idle_jobs_without_checkpoints_are_dropped_and_their_ids_never_reused() {
+        let d = tempfile::tempdir().unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        let mut ids = Vec::new();
+        for job in ["done", "open", "kept", "late"] {
+            r.claim(job, 1000).unwrap();
+            r.enter(job);
+            ids.push(r.register(job, "op", "v", kind::VALUE).unwrap());
+        }
+        for job in ["done", "kept", "late"] {
+            r.leave(job);
+        }
+        // Gone idle before the reports were made, but for "late".
+        let reported = Instant::now();
+        std::thread::sleep(Duration::from_millis(30));
+        r.leave("late");
+        r.enter("late");
+        r.leave("late");
+        let retained = Retained {
+            jobs: ["kept".to_string()].into(),
+            as_of: reported,
+        };
+        // Not idle long enough: nothing.
+        assert!(
+            r.drop_idle(Duration::from_secs(3600), &retained)
+                .unwrap()
+                .is_empty()
+        );
+        let dropped = r.drop_idle(Duration::from_millis(10), &retained).unwrap();
+        assert_eq!(dropped, ["done"]);
+        let view = r.view().get();
+        assert!(view.dropped().contains(ids[0]));
+        assert!(ids[1..].iter().all(|&id| !view.dropped().contains(id)));
+        assert!(!view.is_registered("done", "op", "v"));
+        // Durably, owner included; a new registration gets a new id.
+        drop(r);
+        let states = std::fs::read_to_string(d.path().join("states.json")).unwrap();
+        assert!(!states.contains("\"done\""), "{states}");
+        let jobs = std::fs::read_to_string(d.path().join("jobs.json")).unwrap();
+        assert!(
+            !jobs.contains("\"done\"") && jobs.contains("\"kept\""),
+            "{jobs}"
+        );
+        let mut r = Registry::open(d.path()).unwrap();
+        assert!(r.view().get().dropped().contains(ids[0]));
+        r.claim("done", 1001).unwrap();
+        let again = r.register("done", "op", "v", kind::VALUE).unwrap();
+        assert!(ids.iter().all(|&id| id < again), "{ids:?} then {again}");
+        // After a restart every job without a session is idle since then.
+        let now = Retained {
+            jobs: Default::default(),
+            as_of: Instant::now() + Duration::from_secs(1),
+        };
+        let mut dropped = r.drop_idle(Duration::ZERO, &now).unwrap();
+        dropped.sort();
+        assert_eq!(dropped, ["done", "kept", "late", "open"]);
+    }
+
+    /// A `states.json` from before jobs could be dropped (a bare list)
+    /// opens, with the next id past its largest.
+    #[test]
+    fn a_registry_file_from_before_drops_opens() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("states.json"),
+            r#"[{"job":"j","operator":"op","name":"v","kind":1,"id":7}]"#,
+        )
+        .unwrap();
+        let mut r = Registry::open(d.path()).unwrap();
+        assert_eq!(r.register("j", "op", "v", kind::VALUE).unwrap(), 7);
+        assert_eq!(r.register("j", "op", "w", kind::VALUE).unwrap(), 8);
+        assert!(r.view().get().dropped().contains(3));
     }
 }

@@ -1161,6 +1161,9 @@ impl Shard {
     /// Rebuilds the published report: sessions, store, checkpoints.
     fn report(&mut self) {
         let shard = self.id;
+        // Dropped jobs' states reach compaction within a report's period.
+        self.store
+            .set_dropped_states(self.view.get().dropped().clone());
         let sessions = self
             .sessions
             .iter_mut()
