@@ -923,6 +923,9 @@ fn a_finished_job_without_checkpoints_is_dropped() {
         registry.contains("\"checkpointed\"") && registry.contains("\"running\""),
         "{registry}"
     );
+    let m = common::metrics(&d);
+    assert_eq!(common::metric(&m, "stator_jobs_dropped_total"), 1.0, "{m}");
+    assert_eq!(common::metric(&m, "stator_registered_jobs"), 2.0, "{m}");
     // (Root, as these tests run, owns no job: the unit tests check owners.)
     let owners = std::fs::read_to_string(&jobs).unwrap_or_default();
     assert!(!owners.contains("\"finished\""), "{owners}");

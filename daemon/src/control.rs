@@ -30,6 +30,8 @@ pub struct Ctx {
     pub registry_view: RegistryView,
     pub stopping: AtomicBool,
     pub sessions: AtomicUsize,
+    /// Jobs dropped since the start (`drop_idle_jobs_after_secs`).
+    pub jobs_dropped: AtomicU64,
     pub next_session: AtomicU64,
     /// Open control connections (capped at `max_sessions` + 64).
     pub connections: AtomicUsize,

@@ -212,6 +212,7 @@ impl Daemon {
             registry_view,
             stopping: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
+            jobs_dropped: AtomicU64::new(0),
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             per_uid: Default::default(),
@@ -367,6 +368,8 @@ fn janitor(ctx: &Ctx, stop: &crossbeam_channel::Receiver<()>) {
             .drop_idle(after, &retained);
         match dropped {
             Ok(jobs) => {
+                ctx.jobs_dropped
+                    .fetch_add(jobs.len() as u64, Ordering::Relaxed);
                 for job in jobs {
                     tracing::info!(
                         job,

@@ -133,6 +133,17 @@ struct OperatorStates {
 }
 
 impl RegView {
+    /// Jobs with registered states, and those states.
+    pub fn counts(&self) -> (usize, usize) {
+        let states = self
+            .by_operator
+            .values()
+            .flat_map(|o| o.values())
+            .map(|o| o.entries.len())
+            .sum();
+        (self.by_operator.len(), states)
+    }
+
     /// State ids no one may name any more (see [`DroppedStates`]).
     pub fn dropped(&self) -> &Arc<DroppedStates> {
         &self.dropped

@@ -362,6 +362,8 @@ struct Gathered {
     ops: OpSnapshot,
     data_dir: PathBuf,
     data_dir_bytes: u64,
+    /// Jobs and states in the registry, and jobs dropped since the start.
+    registry: (usize, usize, u64),
 }
 
 impl Gathered {
@@ -387,6 +389,10 @@ impl Gathered {
             ops,
             data_dir: cfg.data_dir.clone(),
             data_dir_bytes: dir_bytes(&cfg.data_dir),
+            registry: {
+                let (jobs, states) = ctx.registry_view.get().counts();
+                (jobs, states, ctx.jobs_dropped.load(Ordering::Relaxed))
+            },
         }
     }
 
@@ -768,6 +774,24 @@ impl Collector for Gathered {
             "Sessions allowed at once (max_sessions)",
             self.max_sessions as f64,
         )?;
+        gauge(
+            &mut e,
+            "registered_jobs",
+            "Jobs with state names in the registry (states.json)",
+            self.registry.0 as f64,
+        )?;
+        gauge(
+            &mut e,
+            "registered_states",
+            "State names in the registry (states.json)",
+            self.registry.1 as f64,
+        )?;
+        counter(
+            &mut e,
+            "jobs_dropped",
+            "Jobs dropped since the start: no session and no retained checkpoint for drop_idle_jobs_after_secs",
+            self.registry.2,
+        )?;
         {
             let mut m = e.encode_descriptor(
                 "requests",
@@ -1014,6 +1038,7 @@ mod tests {
             registry: Arc::new(Mutex::new(registry)),
             stopping: AtomicBool::new(false),
             sessions: AtomicUsize::new(0),
+            jobs_dropped: AtomicU64::new(0),
             next_session: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             per_uid: Default::default(),
