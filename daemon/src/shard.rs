@@ -312,6 +312,7 @@ struct Pending {
 struct Item {
     user_data: u64,
     op: Opcode,
+    action: Action,
     flags: u8,
     key_group: u16,
     kind: StateKind,
@@ -388,13 +389,63 @@ fn status_of(e: &StoreError) -> Status {
     }
 }
 
-fn kind_of(op: Opcode) -> Option<StateKind> {
-    use Opcode::*;
-    match op {
-        Get | Put | Delete => Some(StateKind::Value),
-        ListAppend | ListGet | ListReplace => Some(StateKind::List),
-        MapGet | MapPut | MapRemove | MapContains | MapIter => Some(StateKind::Map),
-        _ => None,
+/// What a keyed request asks of the store: decided once from its opcode
+/// ([`Action::of`], exhaustive), so that no opcode falls through to
+/// another's operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Get,
+    Put,
+    Delete,
+    ListAppend,
+    ListGet,
+    ListReplace,
+    MapGet,
+    MapPut,
+    MapRemove,
+    MapContains,
+    MapIter,
+    Clear,
+}
+
+impl Action {
+    /// The action of a keyed opcode; `None` for the others (answered
+    /// without the store, or checkpoint and snapshot requests).
+    fn of(op: Opcode) -> Option<Action> {
+        Some(match op {
+            Opcode::Get => Action::Get,
+            Opcode::Put => Action::Put,
+            Opcode::Delete => Action::Delete,
+            Opcode::ListAppend => Action::ListAppend,
+            Opcode::ListGet => Action::ListGet,
+            Opcode::ListReplace => Action::ListReplace,
+            Opcode::MapGet => Action::MapGet,
+            Opcode::MapPut => Action::MapPut,
+            Opcode::MapRemove => Action::MapRemove,
+            Opcode::MapContains => Action::MapContains,
+            Opcode::MapIter => Action::MapIter,
+            Opcode::Clear => Action::Clear,
+            Opcode::Nop
+            | Opcode::Checkpoint
+            | Opcode::CheckpointNotify
+            | Opcode::SnapshotExport
+            | Opcode::SnapshotImport
+            | Opcode::ChunkRelease => return None,
+        })
+    }
+
+    /// The kind of state it applies to; `None`: any (a clear).
+    fn kind(self) -> Option<StateKind> {
+        match self {
+            Action::Get | Action::Put | Action::Delete => Some(StateKind::Value),
+            Action::ListAppend | Action::ListGet | Action::ListReplace => Some(StateKind::List),
+            Action::MapGet
+            | Action::MapPut
+            | Action::MapRemove
+            | Action::MapContains
+            | Action::MapIter => Some(StateKind::Map),
+            Action::Clear => None,
+        }
     }
 }
 
@@ -1464,12 +1515,11 @@ fn take(
     let v = sqe
         .validate(ring.arena())
         .map_err(|e| (Status::from(e), Out::None))?;
-    let want = kind_of(v.op);
-    if want.is_none() && v.op != Opcode::Clear {
+    match Action::of(v.op) {
+        Some(action) => take_keyed(ring, &v, states, key_groups, scratch, action),
         // Not keyed: answered without the store.
-        return Ok(None);
+        None => Ok(None),
     }
-    take_keyed(ring, &v, states, key_groups, scratch, want)
 }
 
 fn take_keyed(
@@ -1478,18 +1528,18 @@ fn take_keyed(
     states: &[(StateKind, u32)],
     (kg_lo, kg_hi): (u16, u16),
     scratch: &mut Vec<u8>,
-    want: Option<StateKind>,
+    action: Action,
 ) -> Result<Option<Item>, Refusal> {
     let &(kind, state) = states
         .get(v.state_id as usize)
         .ok_or((Status::BadState, Out::None))?;
-    if want.is_some_and(|w| w != kind) {
+    if action.kind().is_some_and(|w| w != kind) {
         return Err((Status::BadState, Out::None));
     }
     if v.key_group < kg_lo || v.key_group > kg_hi {
         return Err((Status::BadKeyGroup, Out::None));
     }
-    if v.op == Opcode::MapIter
+    if action == Action::MapIter
         && !matches!(
             v.arg,
             iter_mode::KEYS | iter_mode::VALUES | iter_mode::ENTRIES
@@ -1529,6 +1579,7 @@ fn take_keyed(
     Ok(Some(Item {
         user_data: v.user_data,
         op: v.op,
+        action,
         flags: v.flags,
         key_group: v.key_group,
         kind,
@@ -1906,19 +1957,19 @@ fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
     };
     let uk = &sc[it.uk.clone()];
     let val = &sc[it.val.clone()];
-    match it.op {
-        Opcode::Get => Op::Get(k),
-        Opcode::Put => Op::Put(k, val),
-        Opcode::Delete => Op::Delete(k),
-        Opcode::ListAppend if it.flags & sqe_flags::ELEMENTS != 0 => Op::ListAppendAll(k, val),
-        Opcode::ListAppend => Op::ListAppend(k, val),
-        Opcode::ListGet => Op::ListGet(k),
-        Opcode::ListReplace => Op::ListReplace(k, val),
-        Opcode::MapGet => Op::MapGet(k, uk),
-        Opcode::MapPut => Op::MapPut(k, uk, val),
-        Opcode::MapRemove => Op::MapRemove(k, uk),
-        Opcode::MapContains => Op::MapContains(k, uk),
-        Opcode::MapIter => {
+    match it.action {
+        Action::Get => Op::Get(k),
+        Action::Put => Op::Put(k, val),
+        Action::Delete => Op::Delete(k),
+        Action::ListAppend if it.flags & sqe_flags::ELEMENTS != 0 => Op::ListAppendAll(k, val),
+        Action::ListAppend => Op::ListAppend(k, val),
+        Action::ListGet => Op::ListGet(k),
+        Action::ListReplace => Op::ListReplace(k, val),
+        Action::MapGet => Op::MapGet(k, uk),
+        Action::MapPut => Op::MapPut(k, uk, val),
+        Action::MapRemove => Op::MapRemove(k, uk),
+        Action::MapContains => Op::MapContains(k, uk),
+        Action::MapIter => {
             let cap = match it.out {
                 Out::Range(r) => r.len,
                 Out::Buf { len, .. } => len,
@@ -1935,14 +1986,31 @@ fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
                 max_bytes: page_entries_bytes(cap),
             }
         }
-        // Clear (the only other keyed opcode `take` lets through).
-        _ => Op::Clear(k, it.kind),
+        Action::Clear => Op::Clear(k, it.kind),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 25: every keyed opcode, and only those, reaches the store,
+    /// each as its own operation on its own kind of state (an opcode once
+    /// fell through a wildcard arm to `Clear`).
+    #[test]
+    fn each_keyed_opcode_has_its_own_action() {
+        let mut seen = Vec::new();
+        for &op in Opcode::ALL {
+            let a = Action::of(op);
+            assert_eq!(a.is_some(), op.fields().keyed, "{op:?}");
+            if let Some(a) = a {
+                assert!(!seen.contains(&a), "{op:?} shares {a:?}");
+                seen.push(a);
+                assert_eq!(format!("{a:?}"), format!("{op:?}"));
+                assert_eq!(a.kind().is_none(), op == Opcode::Clear, "{op:?}");
+            }
+        }
+    }
 
     #[test]
     fn a_page_buffer_for_an_entry_holds_it() {
