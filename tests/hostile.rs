@@ -331,7 +331,8 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         kind: kind::VALUE,
         name: "v".into(),
     }
-    .encode(&mut f);
+    .encode(&mut f)
+    .unwrap();
     s.write_all(&f).unwrap();
     refused(read_resp(&mut s), status::STATE);
     // A wrong version.
@@ -348,7 +349,8 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         chunk_slots: 0,
         key_groups: None,
     }
-    .encode(&mut f);
+    .encode(&mut f)
+    .unwrap();
     s.write_all(&f).unwrap();
     match read_resp(&mut s) {
         Response::Error {
@@ -367,11 +369,23 @@ fn the_control_socket_refuses_bad_requests_clearly() {
         .err()
         .expect("NUL refused");
     assert!(e.to_string().contains("NUL"), "{e}");
+    // A name past 1,024 bytes is refused, not cut (two long names once
+    // shared one job's state).
+    let e = Session::open(&d.socket, &opts(&"j".repeat(1025), 0, 1))
+        .err()
+        .expect("a long job name refused");
+    assert!(
+        matches!(e, stator_client::Error::InvalidArgument(_))
+            && e.to_string().contains("1025 bytes")
+            && e.to_string().contains("1024-byte limit"),
+        "{e}"
+    );
     let mut s = UnixStream::connect(&d.socket).unwrap();
     Request::Restore {
         handles: vec![vec![0; 24]],
     }
-    .encode(&mut f);
+    .encode(&mut f)
+    .unwrap();
     s.write_all(&f).unwrap();
     refused(read_resp(&mut s), status::STATE);
     let mut r = Session::open(&d.socket, &opts("restorer", 0, 1)).unwrap();
@@ -613,7 +627,8 @@ fn clients_that_do_not_read_their_answers_hold_no_worker() {
         kind: kind::VALUE,
         name: "x".into(),
     }
-    .encode(&mut frame);
+    .encode(&mut frame)
+    .unwrap();
     let many = frame.repeat(4096);
     let deaf: Vec<_> = (0..8)
         .map(|i| {
@@ -679,28 +694,33 @@ fn refusals_name_the_limit_they_met() {
         }
         read_refusal(s)
     };
-    let mut f = Vec::new();
-    Request::Restore {
-        handles: vec![vec![1; 257]],
-    }
-    .encode(&mut f);
+    // What the client library refuses to send, sent by hand.
+    let restore = |handles: &[Vec<u8>]| {
+        let mut f = vec![0, 0, 0, 0, stator_ring::control::msg::RESTORE];
+        f.extend_from_slice(&(handles.len() as u16).to_le_bytes());
+        for h in handles {
+            f.extend_from_slice(&(h.len() as u16).to_le_bytes());
+            f.extend_from_slice(h);
+        }
+        let len = (f.len() - 4) as u32;
+        f[..4].copy_from_slice(&len.to_le_bytes());
+        f
+    };
+    let f = restore(&[vec![1; 257]]);
     let (st, why) = refusal(&f, false);
     assert_eq!(st, status::BAD_REQUEST);
     assert!(
         why.contains("257 bytes") && why.contains("256-byte limit"),
         "{why}"
     );
-    Request::Restore {
-        handles: vec![vec![1; 8]; 1025],
-    }
-    .encode(&mut f);
+    let f = restore(&vec![vec![1; 8]; 1025]);
     let (st, why) = refusal(&f, false);
     assert_eq!(st, status::BAD_REQUEST);
     assert!(
         why.contains("1025 handles") && why.contains("1024-handle limit"),
         "{why}"
     );
-    // (By hand: the encoder cuts names to the limit.)
+    // (By hand: the encoder refuses names past the limit.)
     let mut payload = vec![stator_ring::control::msg::REGISTER, kind::VALUE];
     payload.extend_from_slice(&1025u16.to_le_bytes());
     payload.extend_from_slice(&[b'n'; 1025]);

@@ -14,8 +14,10 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut out = Vec::new();
     if let Ok(req) = Request::decode(data) {
-        req.encode(&mut out);
-        assert_eq!(Request::decode(&out[4..]).as_ref(), Ok(&req));
+        // (A decoded payload may be longer than a frame may be.)
+        if req.encode(&mut out).is_ok() {
+            assert_eq!(Request::decode(&out[4..]).as_ref(), Ok(&req));
+        }
     }
     if let Ok(resp) = Response::decode(data) {
         resp.encode(&mut out);

@@ -204,10 +204,20 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Appends a name, refused past [`MAX_NAME`] bytes: a name cut short
+/// would be another name (two long job names sharing one job's state).
+fn put_name(out: &mut Vec<u8>, s: &str) -> Result<(), DecodeError> {
+    if s.len() > MAX_NAME {
+        return Err(DecodeError::NameTooLong(s.len()));
+    }
+    put_str(out, s);
+    Ok(())
+}
+
+/// Appends a message, cut to [`MAX_NAME`] bytes at a character boundary
+/// (an error message's tail may go; the frame must stay UTF-8).
 fn put_str(out: &mut Vec<u8>, s: &str) {
-    // Callers keep names within MAX_NAME; a longer one is cut, which the
-    // peer then sees as a different name rather than a broken frame.
-    let b = &s.as_bytes()[..s.len().min(MAX_NAME)];
+    let b = &s.as_bytes()[..s.floor_char_boundary(MAX_NAME)];
     out.extend_from_slice(&(b.len() as u16).to_le_bytes());
     out.extend_from_slice(b);
 }
@@ -224,8 +234,11 @@ fn end_frame(out: &mut [u8]) {
 }
 
 impl Request {
-    /// The whole frame (length prefix included).
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// The whole frame (length prefix included). What the daemon would
+    /// refuse to decode is refused here, with the same error: a name past
+    /// [`MAX_NAME`] bytes, more than [`MAX_HANDLES`] handles, a handle past
+    /// [`MAX_HANDLE_LEN`] bytes, a frame past [`MAX_FRAME`].
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), DecodeError> {
         begin_frame(out);
         match self {
             Request::Open {
@@ -253,8 +266,8 @@ impl Request {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
                 out.extend_from_slice(&arena_bytes.to_le_bytes());
-                put_str(out, job);
-                put_str(out, operator);
+                put_name(out, job)?;
+                put_name(out, operator)?;
                 out.extend_from_slice(&chunk_slots.to_le_bytes());
                 if let Some((lo, hi)) = key_groups {
                     out.extend_from_slice(&u32::from(*lo).to_le_bytes());
@@ -264,19 +277,29 @@ impl Request {
             Request::Register { kind, name } => {
                 out.push(msg::REGISTER);
                 out.push(*kind);
-                put_str(out, name);
+                put_name(out, name)?;
             }
             Request::Close => out.push(msg::CLOSE),
             Request::Restore { handles } => {
+                if handles.len() > MAX_HANDLES {
+                    return Err(DecodeError::TooManyHandles(handles.len()));
+                }
                 out.push(msg::RESTORE);
                 out.extend_from_slice(&(handles.len() as u16).to_le_bytes());
                 for h in handles {
+                    if h.len() > MAX_HANDLE_LEN {
+                        return Err(DecodeError::HandleTooLong(h.len()));
+                    }
                     out.extend_from_slice(&(h.len() as u16).to_le_bytes());
                     out.extend_from_slice(h);
                 }
             }
         }
+        if out.len() - 4 > MAX_FRAME {
+            return Err(DecodeError::TooLong(out.len() - 4));
+        }
         end_frame(out);
+        Ok(())
     }
 
     /// Decodes a payload (without the length prefix).
@@ -485,7 +508,7 @@ mod tests {
         ];
         let mut buf = Vec::new();
         for q in &reqs {
-            q.encode(&mut buf);
+            q.encode(&mut buf).unwrap();
             let n = frame_len(buf[..4].try_into().unwrap()).unwrap();
             assert_eq!(n, buf.len() - 4);
             assert_eq!(&Request::decode(&buf[4..]).unwrap(), q);
@@ -547,5 +570,72 @@ mod tests {
             Err(DecodeError::Trailing(1))
         );
         assert!(frame_len((MAX_FRAME as u32 + 1).to_le_bytes()).is_err());
+    }
+
+    /// Issue 25: a name past the limit is refused, never cut (two long job
+    /// names once shared one job's state, and a cut inside a character
+    /// broke the frame); so are what the daemon would refuse of a Restore.
+    /// A daemon's message past the limit is cut at a character boundary.
+    #[test]
+    fn what_the_daemon_would_refuse_is_refused_before_it_is_sent() {
+        let mut buf = Vec::new();
+        // 1,025 bytes; byte 1,024 is inside a character.
+        let long = "x".to_string() + &"é".repeat(MAX_NAME / 2);
+        let open = |job: &str, operator: &str| Request::Open {
+            version: CONTROL_VERSION,
+            job: job.into(),
+            operator: operator.into(),
+            subtask: 0,
+            parallelism: 1,
+            max_parallelism: 1,
+            sq_entries: 0,
+            cq_entries: 0,
+            arena_bytes: 0,
+            chunk_slots: 0,
+            key_groups: None,
+        };
+        let limit = Err(DecodeError::NameTooLong(MAX_NAME + 1));
+        assert_eq!(open(&long, "op").encode(&mut buf), limit);
+        assert_eq!(open("job", &long).encode(&mut buf), limit);
+        let name = long.clone();
+        assert_eq!(
+            Request::Register {
+                kind: kind::VALUE,
+                name
+            }
+            .encode(&mut buf),
+            limit
+        );
+        let at_limit = "a".repeat(MAX_NAME);
+        open(&at_limit, &at_limit).encode(&mut buf).unwrap();
+        match Request::decode(&buf[4..]).unwrap() {
+            Request::Open { job, .. } => assert_eq!(job, at_limit),
+            q => panic!("{q:?}"),
+        }
+        let handles = vec![vec![0; 24]; MAX_HANDLES + 1];
+        assert_eq!(
+            Request::Restore { handles }.encode(&mut buf),
+            Err(DecodeError::TooManyHandles(MAX_HANDLES + 1))
+        );
+        let handles = vec![vec![0; MAX_HANDLE_LEN + 1]];
+        assert_eq!(
+            Request::Restore { handles }.encode(&mut buf),
+            Err(DecodeError::HandleTooLong(MAX_HANDLE_LEN + 1))
+        );
+        let handles = vec![vec![0; MAX_HANDLE_LEN]; MAX_HANDLES];
+        assert!(matches!(
+            Request::Restore { handles }.encode(&mut buf),
+            Err(DecodeError::TooLong(_))
+        ));
+        let r = Response::Error {
+            request: msg::OPEN,
+            status: status::LIMIT,
+            message: long.clone(),
+        };
+        r.encode(&mut buf);
+        match Response::decode(&buf[4..]).unwrap() {
+            Response::Error { message, .. } => assert_eq!(message, long[..MAX_NAME - 1]),
+            r => panic!("{r:?}"),
+        }
     }
 }

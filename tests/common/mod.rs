@@ -254,7 +254,8 @@ pub fn open_frame(job: &str, subtask: u32, parallelism: u32) -> Vec<u8> {
         chunk_slots: 0,
         key_groups: None,
     }
-    .encode(&mut f);
+    .encode(&mut f)
+    .unwrap();
     f
 }
 
@@ -306,7 +307,8 @@ impl RawSession {
             kind,
             name: name.into(),
         }
-        .encode(&mut f);
+        .encode(&mut f)
+        .unwrap();
         self.sock.write_all(&f)?;
         let mut pre = [0u8; 4];
         self.sock.read_exact(&mut pre)?;

@@ -145,6 +145,7 @@ impl From<Error> for Fail {
             Error::Full => STATOR_E_FULL,
             Error::TooLarge => STATOR_E_REQUEST_TOO_LARGE,
             Error::Protocol(_) => STATOR_E_PROTOCOL,
+            Error::InvalidArgument(_) => STATOR_E_INVALID_ARGUMENT,
         };
         Fail::new(code, e.to_string())
     }

@@ -101,6 +101,7 @@ impl From<Error> for Fail {
             Error::Full => Fail::new(ERR_FULL, message),
             Error::TooLarge => Fail::new(ERR_TOO_LARGE, message),
             Error::Protocol(_) => Fail::new(ERR_PROTOCOL, message),
+            Error::InvalidArgument(_) => Fail::arg(message),
         }
     }
 }

@@ -44,6 +44,10 @@ pub enum Error {
     TooLarge,
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// An argument past a documented limit (a name longer than 1,024
+    /// bytes), refused before anything is sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
 }
 
 impl Error {

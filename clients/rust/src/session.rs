@@ -419,6 +419,11 @@ fn read_response(sock: &mut UnixStream, buf: &mut Vec<u8>) -> Result<Response, E
     Response::decode(buf).map_err(io_err)
 }
 
+/// A request the daemon would refuse to decode, refused before it is sent.
+fn refused_here(e: control::DecodeError) -> Error {
+    Error::InvalidArgument(e.to_string())
+}
+
 fn refused(r: Response) -> Error {
     match r {
         Response::Error {
@@ -450,7 +455,8 @@ impl Session {
             chunk_slots: o.chunk_slots,
             key_groups: o.key_groups,
         }
-        .encode(&mut frame);
+        .encode(&mut frame)
+        .map_err(refused_here)?;
         sock.write_all(&frame).map_err(Error::gone)?;
         // The response carries the fds; it is small and arrives whole.
         let mut buf = vec![0u8; control::MAX_FRAME + 4];
@@ -547,7 +553,8 @@ impl Session {
             kind,
             name: name.into(),
         }
-        .encode(&mut self.frame);
+        .encode(&mut self.frame)
+        .map_err(refused_here)?;
         self.sock.write_all(&self.frame).map_err(Error::gone)?;
         let mut buf = Vec::new();
         match read_response(&mut self.sock, &mut buf)? {
@@ -568,10 +575,8 @@ impl Session {
         CtlRequest::Restore {
             handles: handles.iter().map(|h| h.to_vec()).collect(),
         }
-        .encode(&mut self.frame);
-        if self.frame.len() > control::MAX_FRAME + 4 {
-            return Err(Error::TooLarge);
-        }
+        .encode(&mut self.frame)
+        .map_err(refused_here)?;
         self.sock.write_all(&self.frame).map_err(Error::gone)?;
         let mut buf = Vec::new();
         match read_response(&mut self.sock, &mut buf)? {
@@ -1453,7 +1458,9 @@ impl Session {
     /// Closes the session (the daemon drops it and its state stays).
     pub fn close(mut self) -> Result<(), Error> {
         self.alive()?;
-        CtlRequest::Close.encode(&mut self.frame);
+        CtlRequest::Close
+            .encode(&mut self.frame)
+            .map_err(refused_here)?;
         self.sock.write_all(&self.frame).map_err(Error::gone)?;
         let mut buf = Vec::new();
         match read_response(&mut self.sock, &mut buf)? {
