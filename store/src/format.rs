@@ -201,9 +201,10 @@ impl<'a> BlockView<'a> {
                     .ok_or(Malformed("record count overflows"))?,
             )
             .ok_or(Malformed("record table larger than the payload"))?;
-        // Validate every record's bounds once, so lookups can index freely:
-        // one pass over the record table, one branch per record (the
-        // remote runtime runs this for every fetched block).
+        // Validate every record's bounds, and that keys ascend, once, so
+        // lookups can index and search freely: one pass over the record
+        // table (the remote runtime runs this for every fetched block).
+        let mut prev: Option<&[u8]> = None;
         for c in payload[offs_at..payload.len() - 4].chunks_exact(4) {
             let off = u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize;
             let Some(h) = payload.get(off..off + RECORD_HEADER) else {
@@ -220,6 +221,11 @@ impl<'a> BlockView<'a> {
                     "record runs past the record table"
                 }));
             }
+            let key = &payload[off + RECORD_HEADER..off + RECORD_HEADER + klen];
+            if prev.is_some_and(|p| p >= key) {
+                return Err(Malformed(KEYS_OUT_OF_ORDER));
+            }
+            prev = Some(key);
         }
         Ok(BlockView {
             payload,
@@ -659,6 +665,9 @@ impl BlockIndex {
 /// How a footer fails when no footer was written (a write a crash cut
 /// off, or not a segment at all).
 pub const BAD_FOOTER_MAGIC: &str = "bad footer magic (torn or not a segment)";
+
+/// A block whose keys do not strictly ascend.
+pub const KEYS_OUT_OF_ORDER: &str = "keys not ascending within the block";
 
 /// The footer, at the start of a segment's last 4 KiB page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -115,6 +115,21 @@ impl Residency {
 }
 
 impl Segment {
+    /// Checks a block read from this segment against its footer: its
+    /// first and last keys (they ascend: [`format::BlockView::parse`]) in
+    /// the footer's key groups.
+    pub fn check_block(&self, b: &format::BlockView<'_>) -> Result<(), Malformed> {
+        let Some(last) = b.len().checked_sub(1) else {
+            return Ok(());
+        };
+        let range = self.footer.min_kg..=self.footer.max_kg;
+        let kg = |i: usize| crate::keys::key_group(b.key(i));
+        match range.contains(&kg(0)) && range.contains(&kg(last)) {
+            true => Ok(()),
+            false => Err(Malformed(KEY_GROUPS_OUTSIDE_FOOTER)),
+        }
+    }
+
     /// Memory held for this segment (index and filter).
     pub fn memory_bytes(&self) -> usize {
         if self.clip.is_some() && Rc::strong_count(&self.index) > 1 {
@@ -211,6 +226,7 @@ impl Segment {
                 footer.index_off,
             ));
         }
+        check_footer_against_index(&footer, &index).map_err(|m| bad(m, fpage))?;
         Ok(Segment {
             id,
             name: name_of(&path),
@@ -225,6 +241,33 @@ impl Segment {
         })
     }
 }
+
+/// What the footer says that the index can confirm without reading data
+/// (FORMAT.md §7): records and key groups only with blocks, at least a
+/// record per block, every block's last key within the footer's key
+/// groups and the last one at its largest. (Reads skip a segment by those
+/// key groups: a wrong bound would hide records, not fail.)
+fn check_footer_against_index(f: &Footer, index: &BlockIndex) -> Result<(), Malformed> {
+    let Some(last) = index.len().checked_sub(1) else {
+        return match (f.records, f.min_kg, f.max_kg) {
+            (0, 0, 0) => Ok(()),
+            _ => Err(Malformed(
+                "records or key groups in a segment without blocks",
+            )),
+        };
+    };
+    if f.records < index.len() as u64 {
+        return Err(Malformed("fewer records than blocks"));
+    }
+    let kg = |i: usize| crate::keys::key_group(index.last_key(i));
+    if (0..index.len()).any(|i| !(f.min_kg..=f.max_kg).contains(&kg(i))) || kg(last) != f.max_kg {
+        return Err(Malformed(KEY_GROUPS_OUTSIDE_FOOTER));
+    }
+    Ok(())
+}
+
+/// A block or index key in a key group the footer does not cover.
+pub const KEY_GROUPS_OUTSIDE_FOOTER: &str = "keys outside the footer's key groups";
 
 /// `path`'s file name.
 fn name_of(path: &Path) -> Rc<str> {

@@ -821,3 +821,98 @@ fn a_notification_without_a_marker_waits_for_no_other() {
         "the completion carries its failure"
     );
 }
+
+/// Rewrites footer bytes `at..at + new.len()` of `seg` and its checksum,
+/// as a writer that got them wrong would have.
+fn rewrite_footer(seg: &Path, at: usize, new: &[u8]) {
+    let mut bytes = std::fs::read(seg).unwrap();
+    let page = bytes.len() - 4096;
+    let f = &mut bytes[page..page + 128];
+    f[at..at + new.len()].copy_from_slice(new);
+    let crc = crc32c::crc32c(&f[..124]);
+    f[124..128].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(seg, bytes).unwrap();
+}
+
+/// Issue 25 (FORMAT.md §7): a footer the index contradicts is refused at
+/// open. Its key groups decide which segments a read looks in, so a
+/// largest key group one too small used to hide every record of the last
+/// one: reads answered "no value".
+#[test]
+fn a_footer_whose_key_groups_the_index_contradicts_is_set_aside() {
+    let d = tempfile::tempdir().unwrap();
+    let seg = build(d.path(), 2000);
+    // Keys are in key groups 0..=15 (see `kr`).
+    rewrite_footer(&seg, 90, &14u16.to_le_bytes());
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+    assert!(rep.torn[0].1.contains("key groups"), "{}", rep.torn[0].1);
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(15)))).unwrap(),
+        Owned::Value(None)
+    );
+}
+
+/// A footer record count the data contradicts is found when the segment
+/// is read whole (compaction, export): the compaction fails, names the
+/// file, and loses nothing.
+#[test]
+fn a_record_count_the_data_contradicts_fails_the_compaction() {
+    let d = tempfile::tempdir().unwrap();
+    let segs = two_segments(d.path());
+    rewrite_footer(&segs[0], 40, &501u64.to_le_bytes());
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty(), "the index cannot tell: {rep:?}");
+    s.compact_all();
+    for _ in 0..100 {
+        s.poll(|_, _| {});
+        if s.stats().last_background_error.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let e = s
+        .stats()
+        .last_background_error
+        .expect("the compaction failed");
+    assert!(e.to_string().contains("record count differs"), "{e}");
+    assert_eq!(s.stats().segments, 2);
+    for i in (0..500).chain(1000..1500) {
+        assert!(matches!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(_))
+        ));
+    }
+}
+
+/// A block whose keys do not ascend (its checksum right: a writer's bug,
+/// not a disk's) is `Corrupt` when read; a binary search in it used to
+/// answer "no value" for keys it holds.
+#[test]
+fn a_block_with_keys_out_of_order_is_corrupt() {
+    let d = tempfile::tempdir().unwrap();
+    let seg = build(d.path(), 2000);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let plen = u32::from_le_bytes(bytes[0..4].try_into().unwrap()) as usize;
+    let payload = &mut bytes[8..8 + plen];
+    let n = u32::from_le_bytes(payload[plen - 4..].try_into().unwrap()) as usize;
+    let table = plen - 4 - 4 * n;
+    // Swap the first two records' places in the record table.
+    let (a, b) = (table, table + 4);
+    let first: [u8; 4] = payload[a..a + 4].try_into().unwrap();
+    payload.copy_within(b..b + 4, a);
+    payload[b..b + 4].copy_from_slice(&first);
+    let crc = crc32c::crc32c(payload);
+    bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&seg, bytes).unwrap();
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty(), "{rep:?}");
+    // Key 0 is the first record of the first block (key group 0).
+    match run(&mut s, Op::Get(kr(&k(0)))) {
+        Err(StoreError::Corrupt { what, offset, .. }) => {
+            assert_eq!(offset, 0);
+            assert!(what.contains("not ascending"), "{what}");
+        }
+        r => panic!("{r:?}"),
+    }
+}

@@ -414,13 +414,13 @@ impl<I: Io> Store<I> {
         debug_assert!(self.fetches.len() > 0 || self.cache.lent() == 0);
         let result = match (c.result, c.buf, c.remote_block) {
             (Ok(n), Some(buf), _) if n == len as usize => Block::parse(buf)
-                .map(Rc::new)
+                .and_then(|b| f.seg.check_block(&b.view()).map(|()| Rc::new(b)))
                 .map_err(|m| corrupt(&f.seg, off, m.0)),
             // Fetched remotely: checked on the remote runtime, in the bytes
             // the client fetched.
-            (Ok(n), None, Some(b)) if n == len as usize => {
-                b.map(Rc::new).map_err(|m| corrupt(&f.seg, off, m.0))
-            }
+            (Ok(n), None, Some(b)) if n == len as usize => b
+                .and_then(|b| f.seg.check_block(&b.view()).map(|()| Rc::new(b)))
+                .map_err(|m| corrupt(&f.seg, off, m.0)),
             (Ok(_), _, _) => Err(corrupt(
                 &f.seg,
                 off,

@@ -25,7 +25,14 @@ pub(super) struct Cursor {
     /// next (fresh buffers cost a zeroing pass and page faults).
     in_use: Vec<Rc<AlignedBuf>>,
     spare: Vec<AlignedBuf>,
+    /// Records parsed so far, when it reads the whole segment: checked
+    /// against the footer's count once every block is in.
+    records: Option<u64>,
 }
+
+/// A segment whose blocks hold another number of records than its footer
+/// says.
+pub const RECORDS_DIFFER: &str = "record count differs from the footer";
 
 /// Where a cursor is.
 pub(super) enum At {
@@ -52,6 +59,7 @@ impl Cursor {
             bytes_in_flight: 0,
             in_use: Vec::new(),
             spare: Vec::new(),
+            records: Some(0),
         }
     }
 
@@ -77,6 +85,7 @@ impl Cursor {
         };
         c.next_read = first.min(c.end);
         c.next_block = c.next_read;
+        c.records = None;
         c
     }
 
@@ -166,7 +175,19 @@ impl Cursor {
                 break;
             }
             let b = Block::parse_in(&buf, rel..rel + len as usize)
+                .and_then(|b| seg.check_block(&b.view()).map(|()| b))
                 .map_err(|m| corrupt(seg, off, m.0))?;
+            // The whole segment's first key is in its smallest key group.
+            if bi == 0
+                && self.records.is_some()
+                && !b.view().is_empty()
+                && keys::key_group(b.view().key(0)) != seg.footer.min_kg
+            {
+                return Err(corrupt(seg, off, segment::KEY_GROUPS_OUTSIDE_FOOTER));
+            }
+            if let Some(n) = &mut self.records {
+                *n += b.view().len() as u64;
+            }
             blocks.push(b);
             bi += 1;
         }
@@ -178,6 +199,14 @@ impl Cursor {
             let bs = e.remove();
             self.next_block += bs.len();
             self.blocks.extend(bs);
+        }
+        if self.next_block >= self.end && self.records.is_some_and(|n| n != self.seg.footer.records)
+        {
+            return Err(corrupt(
+                &self.seg,
+                self.seg.file_len - ALIGN as u64,
+                RECORDS_DIFFER,
+            ));
         }
         Ok(())
     }
