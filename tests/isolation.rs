@@ -27,7 +27,14 @@ fn kg(k: u64) -> u16 {
 /// only [`child`]); returns what it reported.
 fn as_uid(uid: u32, socket: &Path, script: &str) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--ignored",
+            "--exact",
+            "child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(SCRIPT, script)
         .env(SOCKET, socket)
         .uid(uid)
@@ -52,11 +59,12 @@ fn as_uid(uid: u32, socket: &Path, script: &str) -> String {
 /// that send nothing, then an open of JOB; then it creates `DIR/ready`
 /// and holds them until `DIR/done` exists). Prints one `RESULT` line:
 /// `ok ...`, `refused <message>` when the daemon said no, or `error ...`.
+/// Ignored: not a test of its own (run with `--ignored --exact`).
 #[test]
+#[ignore = "a child process of the isolation tests"]
 fn child() {
-    let Ok(script) = std::env::var(SCRIPT) else {
-        return; // run as a test of its own: nothing to do
-    };
+    let script =
+        std::env::var(SCRIPT).expect("run by the isolation tests (STATOR_ISOLATION_SCRIPT)");
     let socket = std::env::var(SOCKET).unwrap();
     let w: Vec<&str> = script.split(' ').collect();
     let result = (|| -> Result<String, Error> {
