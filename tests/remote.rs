@@ -115,9 +115,7 @@ backoff_ms = 20
 fn checkpoints_restore_and_rescale_through_the_remote_tier() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("s3");
-    let Some(mut server) = Server::start(&root, 0) else {
-        return;
-    };
+    let mut server = Server::start(&root, 0);
     let port = server.port;
     let cfg = config(tmp.path(), port);
     let extra = ["--config", cfg.as_str()];
@@ -170,7 +168,7 @@ fn checkpoints_restore_and_rescale_through_the_remote_tier() {
     let d = run(&mut s, &st.get(kg(KEYS), &KEYS.to_be_bytes())).unwrap();
     assert_eq!(d.value.as_deref(), Some(&KEYS.to_le_bytes()[..]));
     // Restarted: the next checkpoint uploads what was missing.
-    let server = Server::start(&root, port).expect("restart s3s-fs");
+    let server = Server::start(&root, port);
     let h3 = checkpoint(&mut s, 3).unwrap();
     notify(&mut s, 3);
     drop(s);
@@ -195,9 +193,7 @@ fn checkpoints_restore_and_rescale_through_the_remote_tier() {
 #[test]
 fn sigkill_during_an_upload_loses_no_returned_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let proxy = Proxy::start(server.port, Fault::None);
     let cfg = config(tmp.path(), proxy.port);
     let extra = ["--config", cfg.as_str()];

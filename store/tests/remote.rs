@@ -1,6 +1,6 @@
 //! The remote tier's client against a real S3-compatible server on
-//! loopback (`s3s-fs`, which `.ci/run` installs; without it these tests
-//! say so and pass only outside CI) and against a local directory:
+//! loopback (`s3s-fs`'s file system behind `s3s`, served in-process:
+//! `common/s3.rs`) and against a local directory:
 //! uploads (single and multipart), coalesced ranged GETs thousands at once,
 //! listing and deleting; the server stopped (requests that need it fail
 //! clearly and alone), restarted (the tier recovers, every uploaded object
@@ -144,9 +144,7 @@ fn round_trip(r: &mut Remote, tmp: &Path) {
 #[test]
 fn s3_round_trip_with_thousands_of_coalesced_gets() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(_server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let _server = Server::start(&tmp.path().join("s3"), 0);
     let rt = RemoteRuntime::new(1).unwrap();
     let mut r = client(&rt, s3(_server.port), |_| {});
     round_trip(&mut r, tmp.path());
@@ -170,9 +168,7 @@ fn a_local_directory_behaves_the_same() {
 fn a_stopped_server_fails_only_its_requests_and_a_restarted_one_serves_all() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("s3");
-    let Some(mut server) = Server::start(&root, 0) else {
-        return;
-    };
+    let mut server = Server::start(&root, 0);
     let port = server.port;
     let rt = RemoteRuntime::new(1).unwrap();
     let mut r = client(&rt, s3(port), |c| {
@@ -215,7 +211,7 @@ fn a_stopped_server_fails_only_its_requests_and_a_restarted_one_serves_all() {
     assert!(matches!(drain(&mut local)[0].1, Ok(RemoteDone::Uploaded)));
 
     // Restarted on the same data: everything uploaded before is intact.
-    let server = Server::start(&server.root.clone(), port).expect("restart");
+    let server = Server::start(&server.root.clone(), port);
     r.get_blocks(&[(4, "x.sst", 0..(1 << 20))]);
     match &drain(&mut r)[0].1 {
         Ok(RemoteDone::Bytes(b)) => assert_eq!(&b[..], &data[..]),
@@ -227,9 +223,7 @@ fn a_stopped_server_fails_only_its_requests_and_a_restarted_one_serves_all() {
 #[test]
 fn a_slow_server_is_waited_for_within_the_timeout() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let rt = RemoteRuntime::new(1).unwrap();
     let data = pattern(256 << 10, 4);
     std::fs::write(tmp.path().join("z.sst"), &data).unwrap();
@@ -276,9 +270,7 @@ fn a_slow_server_is_waited_for_within_the_timeout() {
 #[test]
 fn gets_past_the_batch_deadline_are_retried_until_the_server_answers() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let rt = RemoteRuntime::new(1).unwrap();
     let data = pattern(256 << 10, 5);
     std::fs::write(tmp.path().join("h.sst"), &data).unwrap();
@@ -329,9 +321,7 @@ fn gets_past_the_batch_deadline_are_retried_until_the_server_answers() {
 #[test]
 fn a_hung_server_fails_each_get_after_its_retries() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let rt = RemoteRuntime::new(1).unwrap();
     let proxy = Proxy::start(server.port, Fault::Stall);
     let mut r = client(&rt, s3(proxy.port), |c| {

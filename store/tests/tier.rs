@@ -303,9 +303,7 @@ fn upload_restore_rescale(target: &Target) {
 #[test]
 fn upload_restore_and_rescale_on_empty_disks_s3() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     upload_restore_rescale(&s3(server.port));
 }
 
@@ -322,9 +320,7 @@ fn upload_restore_and_rescale_on_empty_disks_directory() {
 #[test]
 fn eviction_keeps_the_local_disk_within_budget() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let target = s3(server.port);
     let dir = tmp.path().join("d");
     let budget = 512 << 10;
@@ -443,9 +439,7 @@ fn remote_gc_deletes_only_what_no_retained_checkpoint_needs() {
 fn server_stopped_fails_only_what_needs_it() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("s3");
-    let Some(mut server) = Server::start(&root, 0) else {
-        return;
-    };
+    let mut server = Server::start(&root, 0);
     let port = server.port;
     let target = s3(port);
     // A restored (remote-only) layer and a local one.
@@ -475,7 +469,7 @@ fn server_stopped_fails_only_what_needs_it() {
     assert!(matches!(e, StoreError::Remote(_)), "{e}");
     run(&mut s, Op::Put(kr(2, b"during"), b"outage")).unwrap();
 
-    let server = Server::start(&root, port).expect("restart");
+    let server = Server::start(&root, port);
     let h2 = checkpoint(&mut s, spec(2)).unwrap();
     s.checkpoint_notify(OWNER, 2, Notify::Complete);
     check_all(&mut s, 3, 0, KGS - 1);
@@ -562,9 +556,7 @@ fn a_corrupt_local_block_is_read_from_the_remote() {
 #[test]
 fn a_slow_server_is_waited_for() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let h = checkpointed(&tmp.path().join("a"), &s3(server.port), "slow", 6);
 
     let slow = Proxy::start(server.port, Fault::Delay(Duration::from_millis(300))).port;
@@ -642,9 +634,7 @@ fn tiered_with(
 fn throttling_is_retried_counted_and_loses_nothing() {
     use std::sync::atomic::Ordering::Relaxed;
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let proxy = Proxy::start(server.port, Fault::Throttle(2)).port;
     // Upload through it.
     let (mut s, up) = tiered_through(
@@ -684,9 +674,7 @@ fn throttling_is_retried_counted_and_loses_nothing() {
 #[test]
 fn a_server_slower_than_the_timeout_fails_clearly_and_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let h = checkpointed(&tmp.path().join("a"), &s3(server.port), "late", 5);
     let slow = Proxy::start(server.port, Fault::Delay(Duration::from_millis(700))).port;
     let b = tmp.path().join("b");
@@ -772,9 +760,7 @@ fn a_block_corrupt_everywhere_fails_its_gets_alone() {
 #[test]
 fn resets_and_hangs_fail_only_what_needs_the_remote_and_lose_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let proxy = Proxy::start(server.port, Fault::None);
     // Long enough for a loaded machine's honest GETs; a stalled one waits
     // it out twice (two attempts).
@@ -866,9 +852,7 @@ fn an_upload_cut_partway_fails_its_checkpoint_and_the_next_succeeds() {
     // About 12 MiB in one segment: more than one 8 MiB part.
     const BIG: usize = 60_000;
     let tmp = tempfile::tempdir().unwrap();
-    let Some(server) = Server::start(&tmp.path().join("s3"), 0) else {
-        return;
-    };
+    let server = Server::start(&tmp.path().join("s3"), 0);
     let proxy = Proxy::start(server.port, Fault::None);
     let a = tmp.path().join("a");
     let attempt = Duration::from_secs(5);

@@ -1,12 +1,12 @@
 //! A real S3-compatible server on loopback for the remote tier's tests:
-//! `s3s-fs` (which `.ci/run` installs; without it the tests say so and
-//! pass only outside CI).
+//! `s3s-fs`'s file system behind `s3s`, served in the test's own process
+//! on a runtime of its own (dev-dependencies: nothing to install, so the
+//! remote tier is tested wherever the tests run).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stator_store::remote::Target;
 
@@ -15,52 +15,59 @@ pub const SECRET: &str = "stator-test-secret";
 pub const BUCKET: &str = "stator";
 
 pub struct Server {
-    child: Child,
+    /// Serves it; dropped (every connection with it) by [`Server::stop`].
+    rt: Option<tokio::runtime::Runtime>,
     pub port: u16,
     pub root: PathBuf,
 }
 
 impl Server {
-    /// Starts s3s-fs over `root` on `port` (0: a free one); `None` if the
-    /// binary is not installed (and not in CI, where that is a failure).
-    pub fn start(root: &Path, port: u16) -> Option<Server> {
-        let port = if port == 0 { free_port() } else { port };
+    /// Serves S3 over the directory `root` (bucket [`BUCKET`], credentials
+    /// [`KEY`] and [`SECRET`]) on `port` of 127.0.0.1 (0: a free one).
+    pub fn start(root: &Path, port: u16) -> Server {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        use hyper_util::server::conn::auto::Builder;
         std::fs::create_dir_all(root.join(BUCKET)).unwrap();
-        let child = match Command::new("s3s-fs")
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", KEY, "--secret-key", SECRET])
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "s3s-fs is not installed ({e}); .ci/run installs it"
-                );
-                eprintln!(
-                    "SKIPPED: s3s-fs is not installed (cargo install s3s-fs@0.14.1 --features binary)"
-                );
-                return None;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("s3-server")
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+            .unwrap_or_else(|e| panic!("cannot serve S3 on port {port}: {e}"));
+        let port = listener.local_addr().unwrap().port();
+        let fs = s3s_fs::FileSystem::new(root).expect("an s3s-fs root");
+        let mut b = s3s::service::S3ServiceBuilder::new(fs);
+        b.set_auth(s3s::auth::SimpleAuth::from_single(KEY, SECRET));
+        let service = b.build();
+        rt.spawn(async move {
+            let http = Builder::new(TokioExecutor::new());
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    continue;
+                };
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .into_owned();
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
             }
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "s3s-fs did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Some(Server {
-            child,
+        });
+        Server {
+            rt: Some(rt),
             port,
             root: root.to_path_buf(),
-        })
+        }
     }
 
+    /// Stops serving: the port is closed and every connection dropped.
     pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
     }
 }
 
