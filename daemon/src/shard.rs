@@ -213,10 +213,9 @@ struct Session {
     dirty: bool,
     /// Waiting for completion-queue room while descriptors wait.
     cq_blocked: bool,
-    /// Its next descriptor is a checkpoint waiting for compaction
-    /// (`Store::checkpoint_should_wait`): what it queued is not work
-    /// until the store's layers shrink.
-    checkpoint_waits: bool,
+    /// Its next descriptor waits for the store, and why: what it queued
+    /// is not work until then.
+    store_wait: Option<StoreWait>,
     /// The client broke the queue protocol; nothing more is taken.
     broken: bool,
     /// 4 MiB slots of the chunk region.
@@ -386,6 +385,30 @@ fn status_of(e: &StoreError) -> Status {
         StoreError::Limit(_) => Status::Busy,
         StoreError::Snapshot(_) => Status::BadSnapshot,
         StoreError::Remote(_) => Status::Remote,
+    }
+}
+
+/// Why a session's next descriptor waits for its store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StoreWait {
+    /// A checkpoint, until compaction merges the layers it would name
+    /// (`Store::checkpoint_should_wait`).
+    Compaction,
+    /// An export or import, until others end and leave the memory budget
+    /// room for its buffers (`Store::export_should_wait`).
+    Memory,
+}
+
+impl StoreWait {
+    fn why(self) -> &'static str {
+        match self {
+            StoreWait::Compaction => {
+                "a checkpoint waits for compaction to merge the layers it would name"
+            }
+            StoreWait::Memory => {
+                "an export or import waits for others to end: the memory budget has no room for its buffers"
+            }
+        }
     }
 }
 
@@ -779,7 +802,7 @@ impl Shard {
             armed: false,
             dirty: false,
             cq_blocked: false,
-            checkpoint_waits: false,
+            store_wait: None,
             broken: false,
             chunk_slots: (layout.chunk_len / CHUNK_LEN) as u32,
             export: None,
@@ -857,7 +880,7 @@ impl Shard {
         let in_flight = &mut s.in_flight;
         let max_in_flight = s.max_in_flight;
         let cq_blocked = &mut s.cq_blocked;
-        let checkpoint_waits = &mut s.checkpoint_waits;
+        let store_wait = &mut s.store_wait;
         let to_client = &s.to_client;
         let chunk_slots = s.chunk_slots;
         let requests = &mut s.requests;
@@ -934,17 +957,36 @@ impl Shard {
                         write_room = write_room.saturating_sub(len);
                     }
                     let op = Opcode::from_u8(sqe.opcode);
-                    if op == Some(Opcode::Checkpoint) && store.checkpoint_should_wait() {
+                    let starts_export = export.as_ref().is_none_or(|e| e.id.is_none());
+                    let wait = match op {
+                        Some(Opcode::Checkpoint) if store.checkpoint_should_wait() => {
+                            Some(StoreWait::Compaction)
+                        }
+                        Some(Opcode::SnapshotExport)
+                            if starts_export && store.export_should_wait() =>
+                        {
+                            Some(StoreWait::Memory)
+                        }
+                        Some(Opcode::SnapshotImport)
+                            if import.is_none() && store.import_should_wait() =>
+                        {
+                            Some(StoreWait::Memory)
+                        }
+                        _ => None,
+                    };
+                    if let Some(w) = wait {
                         // It and the rest stay queued until compaction
-                        // shrinks the layers it would name.
-                        if !*checkpoint_waits {
+                        // shrinks the layers a checkpoint would name, or
+                        // other exports and imports end.
+                        if *store_wait != Some(w) {
                             tracing::info!(
                                 session = sid,
                                 layers = store.stats().segments,
-                                "a checkpoint waits for compaction to merge the layers it would name"
+                                "{}",
+                                w.why()
                             );
                         }
-                        *checkpoint_waits = true;
+                        *store_wait = Some(w);
                         let rest = (sqes.len() - i) as u32;
                         ring.sq.unpop(rest);
                         *requests -= u64::from(rest);
@@ -953,7 +995,7 @@ impl Shard {
                         }
                         break;
                     }
-                    *checkpoint_waits = false;
+                    *store_wait = None;
                     stats.requests += 1;
                     live.ops.request(sqe.opcode);
                     if matches!(
@@ -1281,12 +1323,19 @@ impl Shard {
         // Requests queued while writes are stalled are not work: the
         // shard waits for its store (a flush step or its sort) instead.
         let stalled = self.store.write_headroom() <= 0.0;
+        // A wait that is over is work: the store changed in this pass
+        // (compaction merged layers, an export or import ended) after the
+        // waiting session was looked at.
+        let still = |w: StoreWait, store: &Store<UringIo>| match w {
+            StoreWait::Compaction => store.checkpoint_should_wait(),
+            StoreWait::Memory => store.export_should_wait() && store.import_should_wait(),
+        };
         for (_, s) in self.sessions.iter_mut() {
             if s.broken {
                 continue;
             }
             let blocked = s.cq_blocked;
-            let waits = s.checkpoint_waits;
+            let waits = s.store_wait.is_some_and(|w| still(w, &self.store));
             let in_flight = s.in_flight;
             let r = s
                 .mem

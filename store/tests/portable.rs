@@ -321,3 +321,66 @@ fn a_checkpoint_exports_as_taken_and_leaves_the_live_state_alone() {
         "two handles holding the same key groups"
     );
 }
+
+/// Issue 25: exports' read-ahead (up to 64 MiB each) and imports' write
+/// buffers were held outside the memory budget, 64 of each per store. Now
+/// they count in it (the block cache gives way), and past the budget a
+/// second one waits (`export_should_wait`, `Limit` if started anyway)
+/// until another ends; one alone always runs.
+#[test]
+fn exports_and_imports_count_in_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(8 << 20);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(true)).unwrap();
+    run(&mut s, Op::Put(kr(1, 1, b"k"), b"v")).unwrap();
+    let before = s.memory().background;
+    let mut ids = Vec::new();
+    let refusal = loop {
+        let waits = s.export_should_wait();
+        match s.export(export_spec(0, 9, vec![desc(1, "v")])) {
+            Ok(id) => {
+                assert!(!waits, "admitted after saying it would wait");
+                ids.push(id);
+            }
+            Err(e) => {
+                assert!(waits, "refused without saying it would wait");
+                break e;
+            }
+        }
+        assert!(
+            ids.len() < 64,
+            "never refused: exports are outside the budget"
+        );
+    };
+    assert!(!ids.is_empty());
+    assert!(
+        matches!(&refusal, StoreError::Limit(m) if m.contains("memory budget")),
+        "{refusal}"
+    );
+    let m = s.memory();
+    // Each export counts a window of an eighth of the budget, 8 MiB here.
+    assert!(
+        m.background >= before + ids.len() * (8 << 20),
+        "{m:?} with {} exports",
+        ids.len()
+    );
+    assert!(m.total() <= m.budget + (8 << 20), "{m:?}");
+    // An import waits the same way; once exports end there is room (an
+    // import's writer holds about 10 MiB).
+    assert!(s.import_should_wait());
+    assert!(s.import_begin(import_spec(0, 9, vec![1])).is_err());
+    for id in ids.drain(1..) {
+        s.export_cancel(id);
+    }
+    assert!(!s.import_should_wait());
+    let imp = s.import_begin(import_spec(0, 9, vec![1])).unwrap();
+    assert!(s.memory().background > before);
+    s.import_cancel(imp);
+    for id in ids {
+        s.export_cancel(id);
+    }
+    assert_eq!(s.memory().background, before);
+    // One alone always runs, whatever the budget says.
+    assert!(!s.export_should_wait());
+}

@@ -136,8 +136,9 @@ pub struct MemoryUsage {
     pub memtables: usize,
     pub block_cache: usize,
     pub indexes_and_filters: usize,
-    /// Held by a flush or compaction in progress: write buffers, read-ahead,
-    /// the output's index and filter as they grow (an upper estimate).
+    /// Held by a flush or compaction in progress (write buffers, read-ahead,
+    /// the output's index and filter as they grow) and by portable exports
+    /// and imports (read-ahead, write buffers): an upper estimate.
     pub background: usize,
     pub budget: usize,
 }
@@ -1005,7 +1006,10 @@ impl<I: Io> Store<I> {
             .flush
             .as_ref()
             .map_or(0, |j| writer + j.mem.len() * crate::sorted::BYTES_PER_KEY);
-        flush + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
+        flush
+            + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
+            + self.exports.iter().map(|(_, e)| e.reserve).sum::<usize>()
+            + self.imports.iter().map(|(_, i)| i.reserve()).sum::<usize>()
     }
 
     /// How much room writes have left before they must wait for a flush:

@@ -29,8 +29,10 @@ use crate::snapshot::{
     encode_states,
 };
 
-/// Exports (and imports) in progress at once per store: each holds read
-/// buffers (or write buffers and a filter) outside the memory budget.
+/// Exports (and imports) in progress at once per store. Each holds read
+/// buffers (or write buffers), counted in the memory budget
+/// ([`Store::memory`]'s `background`): past the budget, a second one waits
+/// (`Limit`) until others end; one alone always runs.
 pub const MAX_EXPORTS: usize = 64;
 pub const MAX_IMPORTS: usize = 64;
 /// Files one import may write (one per run of states whose ids ascend in
@@ -45,6 +47,12 @@ const MAX_EXPORT_LAYERS: usize = 4095;
 const EXPORT_READ_BLOCKS: usize = 256;
 const EXPORT_READS: usize = 4;
 const EXPORT_WINDOW: usize = 64 << 20;
+/// Read-ahead one layer of an export holds at least: 8 blocks, a read in
+/// flight and one being consumed.
+const EXPORT_LAYER_MIN: usize = 8 * ALIGN * 2;
+/// What an import's file writer holds: its write buffers.
+const IMPORT_WRITER_BYTES: usize =
+    (segment::MAX_WRITES_IN_FLIGHT + 2) * (segment::WRITE_CHUNK + 64 * 1024);
 /// Bytes one `export_fill` writes at most: bounds the pause it costs the
 /// other work of the thread that calls it.
 const FILL_BUDGET: usize = 1 << 20;
@@ -149,6 +157,10 @@ pub(super) struct Export {
     moved: Vec<usize>,
     finished: bool,
     cancelled: bool,
+    /// Read-ahead it may hold (counted in the memory budget), and the
+    /// window its layers share.
+    pub(super) reserve: usize,
+    window: usize,
     error: Option<StoreError>,
     /// Files opened for this export alone (a checkpoint export's
     /// segments): closed when it ends.
@@ -469,11 +481,18 @@ impl Export {
             cancelled: false,
             error: None,
             files,
+            reserve: 0,
+            window: 0,
         }
     }
 }
 
 impl Import {
+    /// Memory its writers hold (one counted from the start).
+    pub(super) fn reserve(&self) -> usize {
+        self.writers.iter().flatten().count().max(1) * IMPORT_WRITER_BYTES
+    }
+
     pub(super) fn in_flight(&self) -> bool {
         self.writers.iter().flatten().any(|w| !w.idle())
     }
@@ -498,6 +517,8 @@ impl<I: Io> Store<I> {
                 "{MAX_EXPORTS} exports are in progress"
             )));
         }
+        // Admitted before anything changes, for every layer it could take.
+        let (reserve, window) = self.admit_export(self.segments.len() + self.frozen.len() + 1)?;
         self.freeze();
         let keep = Region {
             lo: spec.lo,
@@ -524,9 +545,76 @@ impl<I: Io> Store<I> {
                 layers.len() + waiting.len()
             )));
         }
-        Ok(self
-            .exports
-            .insert(Export::new(&spec, layers, waiting, Vec::new())))
+        let mut e = Export::new(&spec, layers, waiting, Vec::new());
+        (e.reserve, e.window) = (reserve, window);
+        let id = self.exports.insert(e);
+        self.rebalance_cache();
+        Ok(id)
+    }
+
+    /// The memory an export of `layers` layers reserves and the window
+    /// they share, if the budget has room for it beside what the store
+    /// holds and plans (memtables, indexes, background work, other exports
+    /// and imports); else `Limit`, unless no other export or import runs.
+    fn admit_export(&self, layers: usize) -> Result<(usize, usize), StoreError> {
+        let (reserve, window) = self.export_reserve(layers);
+        self.admit(reserve, "an export")?;
+        Ok((reserve, window))
+    }
+
+    /// What an export of `layers` layers reserves, and the window they
+    /// share: 64 MiB, or an eighth of the budget if less (at least 1 MiB).
+    fn export_reserve(&self, layers: usize) -> (usize, usize) {
+        let window = (self.cfg.memory_budget / 8).clamp(1 << 20, EXPORT_WINDOW);
+        (window.max(layers * EXPORT_LAYER_MIN), window)
+    }
+
+    /// Whether an export started now would have to wait for others to end
+    /// (the budget has no room for its read-ahead): a caller that can
+    /// leave it queued does, rather than see `Limit`.
+    pub fn export_should_wait(&self) -> bool {
+        let layers = self.segments.len() + self.frozen.len() + 1;
+        !self.has_room(self.export_reserve(layers).0)
+    }
+
+    /// As [`Store::export_should_wait`], for an import.
+    pub fn import_should_wait(&self) -> bool {
+        !self.has_room(IMPORT_WRITER_BYTES)
+    }
+
+    /// Whether `reserve` more bytes fit the memory budget beside what the
+    /// store holds and plans (memtables, indexes, background work, exports
+    /// and imports; the block cache gives way); with no export or import
+    /// in progress, always.
+    fn has_room(&self, reserve: usize) -> bool {
+        (self.exports.is_empty() && self.imports.is_empty())
+            || self.snapshot_memory_held() + reserve <= self.cfg.memory_budget
+    }
+
+    fn snapshot_memory_held(&self) -> usize {
+        self.memtable_plan()
+            + self
+                .segments
+                .iter()
+                .map(|s| s.memory_bytes())
+                .sum::<usize>()
+            + self.background_bytes()
+    }
+
+    /// `Limit` unless [`Store::has_room`] for `what`'s `reserve`.
+    fn admit(&self, reserve: usize, what: &str) -> Result<(), StoreError> {
+        if !self.has_room(reserve) {
+            let held = self.snapshot_memory_held();
+            return Err(StoreError::Limit(format!(
+                "{what} needs {} MiB of read or write buffers and the memory budget ({} MiB) has {} MiB left beside the memtables, indexes, background work and the {} exports and {} imports in progress; retry when one ends",
+                reserve >> 20,
+                self.cfg.memory_budget >> 20,
+                self.cfg.memory_budget.saturating_sub(held) >> 20,
+                self.exports.len(),
+                self.imports.len()
+            )));
+        }
+        Ok(())
     }
 
     /// Like [`Store::export`], but of what the retained checkpoints
@@ -555,6 +643,7 @@ impl<I: Io> Store<I> {
                 "the checkpoints name {named} layers; at most {MAX_EXPORT_LAYERS} export at once"
             )));
         }
+        let (reserve, window) = self.admit_export(named)?;
         let opened = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
         let files: Vec<_> = opened.iter().map(|s| s.file).collect();
         let states = state_set(spec.states.iter().map(|s| s.id).collect());
@@ -581,9 +670,11 @@ impl<I: Io> Store<I> {
             // groups, so their relative order does not matter.
             layers.push((n - i as u64, Rc::new(seg), clip));
         }
-        Ok(self
-            .exports
-            .insert(Export::new(&spec, layers, Vec::new(), files)))
+        let mut e = Export::new(&spec, layers, Vec::new(), files);
+        (e.reserve, e.window) = (reserve, window);
+        let id = self.exports.insert(e);
+        self.rebalance_cache();
+        Ok(id)
     }
 
     /// Forgets export `id` and closes the files opened for it alone.
@@ -592,6 +683,7 @@ impl<I: Io> Store<I> {
         for f in e.files {
             self.io.close(f);
         }
+        self.rebalance_cache();
     }
 
     /// Writes export `id`'s next bytes into `slot` (at least 4 KiB; a
@@ -617,7 +709,7 @@ impl<I: Io> Store<I> {
                 return Ok(Fill::Wait);
             }
             e.layers.sort_by_key(|l| Reverse(l.0));
-            let per_layer = EXPORT_WINDOW / e.layers.len().max(1);
+            let per_layer = e.window / e.layers.len().max(1);
             let blocks = (per_layer / ALIGN / 2).clamp(8, EXPORT_READ_BLOCKS);
             let reads = (per_layer / (blocks * ALIGN)).clamp(1, EXPORT_READS);
             for (_, seg, clip) in e.layers.drain(..) {
@@ -718,7 +810,8 @@ impl<I: Io> Store<I> {
                 "{MAX_IMPORTS} imports are in progress"
             )));
         }
-        Ok(self.imports.insert(Import {
+        self.admit(IMPORT_WRITER_BYTES, "an import")?;
+        let id = self.imports.insert(Import {
             decoder: Some(ChunkDecoder::new(spec.lo, spec.hi)),
             spec,
             map: Vec::new(),
@@ -730,7 +823,9 @@ impl<I: Io> Store<I> {
             decoded: None,
             error: None,
             cancelled: false,
-        }))
+        });
+        self.rebalance_cache();
+        Ok(id)
     }
 
     /// Checks one chunk of import `id` and writes its records. `resolve`
@@ -821,6 +916,7 @@ impl<I: Io> Store<I> {
             for w in imp.writers.into_iter().flatten() {
                 self.io.close(w.file);
             }
+            self.rebalance_cache();
         }
     }
 
@@ -887,6 +983,7 @@ impl<I: Io> Store<I> {
             {
                 let imp = self.imports.remove(k);
                 let r = self.install_import(imp);
+                self.rebalance_cache();
                 self.done.push_back((token, r.map(Resolved::Imported)));
             }
         }
