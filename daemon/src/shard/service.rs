@@ -1,0 +1,336 @@
+//! Taking a session's descriptors and running them: one pass copies a
+//! batch of descriptors and the bytes they name out of shared memory,
+//! runs the keyed ones against the store together, and answers the rest
+//! (barriers first run what was taken before them).
+
+use super::*;
+
+/// Runs the validated requests of a batch (bytes in `scratch`) through the
+/// store and pushes the completions of those answered at once; the others
+/// complete through [`Shard::reap`]. Leaves the batch empty.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_batch(
+    store: &mut Store<UringIo>,
+    ring: &mut Ring<'_>,
+    pending: &mut Slab<Pending>,
+    (sid, t0): (u64, Instant),
+    in_flight: &mut u32,
+    stats: &mut ShardStats,
+    (ops_m, tally): (&OpMetrics, &mut Tally),
+    (items, tokens, scratch): (&mut Vec<Item>, &mut Vec<u64>, &mut Vec<u8>),
+) -> Result<(), QueueError> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    tokens.clear();
+    for it in items.iter() {
+        tokens.push(pending.insert(Pending {
+            t0,
+            session: sid,
+            user_data: it.user_data,
+            op: it.op,
+            out: it.out,
+            arg: 0,
+        }) as u64);
+    }
+    let sc = &scratch[..];
+    let ops: Vec<Op<'_>> = items.iter().map(|it| op_of(it, sc)).collect();
+    let mut err: Result<(), QueueError> = Ok(());
+    store.submit_batch(tokens, &ops, |i, res| {
+        // The result buffer a few requests ahead: write intent.
+        if let Some(Out::Range(r)) = items.get(i + PREFETCH_AHEAD).map(|it| it.out) {
+            ring.view().prefetch(r.off, true);
+            ring.view().prefetch(r.off + 64, true);
+        }
+        let tok = tokens[i] as usize;
+        let (p, res) = match res {
+            Ok(Submitted::Pending) => {
+                *in_flight += 1;
+                return;
+            }
+            Ok(Submitted::Ready(o)) => (pending.remove(tok), Ok(o)),
+            Err(e) => {
+                stats.errors += 1;
+                (pending.remove(tok), Err(e))
+            }
+        };
+        tally.add(p.op);
+        let c = completion(ring, &p, res);
+        if c.status < 0 {
+            ops_m.error(p.op as u8);
+        }
+        if err.is_ok() {
+            err = push(ring, &c);
+        }
+    });
+    drop(ops);
+    items.clear();
+    scratch.clear();
+    err
+}
+
+/// The completion of a request answered without the store.
+pub(super) fn immediate(sqe: &Sqe) -> Cqe {
+    match Opcode::from_u8(sqe.opcode) {
+        Some(Opcode::Nop) => {
+            let mut c = Cqe::status(sqe.user_data, Status::Ok);
+            c.aux = sqe.arg;
+            c
+        }
+        _ => Cqe::status(sqe.user_data, Status::Unsupported),
+    }
+}
+
+impl Shard {
+    /// Takes up to one batch of descriptors from session `slot` and runs
+    /// them. True if anything was taken.
+    pub(super) fn service(&mut self, slot: usize) -> bool {
+        let Shard {
+            store,
+            registry,
+            view,
+            sessions,
+            pending,
+            scratch,
+            items,
+            tokens,
+            sqes,
+            stats,
+            batch,
+            chunk,
+            live,
+            ..
+        } = self;
+        let s = &mut sessions[slot];
+        if s.broken {
+            return false;
+        }
+        // While a flush is behind, requests are taken in proportion to
+        // the room writes have left, and none when there is none (the
+        // client's queue fills; reads already taken finish).
+        let headroom = store.write_headroom();
+        // Bytes of writes this pass may take (see Store::write_room): a
+        // burst of large puts waits in its queue instead of piling into
+        // memtables past the budget.
+        let mut write_room = store.write_room();
+        if headroom <= 0.0 {
+            return false;
+        }
+        let sid = s.id;
+        let (owner, job, operator) = (&s.owner, &s.job, &s.operator);
+        let (kg_lo, kg_hi) = s.key_groups;
+        let states = &s.states;
+        let in_flight = &mut s.in_flight;
+        let max_in_flight = s.max_in_flight;
+        let cq_blocked = &mut s.cq_blocked;
+        let store_wait = &mut s.store_wait;
+        let to_client = &s.to_client;
+        let chunk_slots = s.chunk_slots;
+        let requests = &mut s.requests;
+        let (export, import) = (&mut s.export, &mut s.import);
+        let r = s
+            .mem
+            .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
+                // Runs the batch copied so far (the same borrows each time).
+                macro_rules! run_batch {
+                    ($t0:ident, $tally:ident) => {
+                        run_batch(
+                            store,
+                            ring,
+                            pending,
+                            (sid, $t0),
+                            in_flight,
+                            stats,
+                            (&live.ops, &mut $tally),
+                            (items, tokens, scratch),
+                        )?
+                    };
+                }
+                let avail = ring.sq.available()?;
+                if avail == 0 {
+                    return Ok(false);
+                }
+                let room = ring.cq.free_now()?.saturating_sub(*in_flight);
+                let room = room.min(max_in_flight.saturating_sub(*in_flight));
+                let admit = ((*batch as f64 * headroom).ceil() as u32).max(1);
+                let n = avail.min(room).min(admit);
+                *cq_blocked = n == 0;
+                if n == 0 {
+                    return Ok(false);
+                }
+                let t0 = Instant::now();
+                let mut tally = Tally::default();
+                *requests += n as u64;
+                scratch.clear();
+                items.clear();
+                sqes.clear();
+                for _ in 0..n {
+                    let Some(sqe) = ring.sq.pop()? else { break };
+                    sqes.push(sqe);
+                }
+                // Keys were written by the client and sit in its cache: a
+                // rolling window of loads ahead overlaps those misses.
+                let base = ring.arena().base;
+                for q in sqes.iter().take(PREFETCH_AHEAD) {
+                    ring.view().prefetch(base + q.key.off as usize, false);
+                }
+                let mut writes_taken = false;
+                for (i, sqe) in sqes.iter().enumerate() {
+                    if let Some(q) = sqes.get(i + PREFETCH_AHEAD) {
+                        ring.view().prefetch(base + q.key.off as usize, false);
+                    }
+                    if let Some(op) = Opcode::from_u8(sqe.opcode)
+                        && op.fields().value_in
+                    {
+                        // (Lengths as the client says: an invalid one is
+                        // refused by `take`, this only counts.)
+                        let len = [sqe.key, sqe.namespace, sqe.user_key, sqe.value]
+                            .iter()
+                            .map(|b| b.len as usize)
+                            .sum::<usize>();
+                        if writes_taken && len > write_room {
+                            // This write and the rest stay queued until a
+                            // flush makes room.
+                            let rest = (sqes.len() - i) as u32;
+                            ring.sq.unpop(rest);
+                            *requests -= u64::from(rest);
+                            break;
+                        }
+                        writes_taken = true;
+                        write_room = write_room.saturating_sub(len);
+                    }
+                    let op = Opcode::from_u8(sqe.opcode);
+                    let starts_export = export.as_ref().is_none_or(|e| e.id.is_none());
+                    let wait = match op {
+                        Some(Opcode::Checkpoint) if store.checkpoint_should_wait() => {
+                            Some(StoreWait::Compaction)
+                        }
+                        Some(Opcode::SnapshotExport)
+                            if starts_export && store.export_should_wait() =>
+                        {
+                            Some(StoreWait::Memory)
+                        }
+                        Some(Opcode::SnapshotImport)
+                            if import.is_none() && store.import_should_wait() =>
+                        {
+                            Some(StoreWait::Memory)
+                        }
+                        _ => None,
+                    };
+                    if let Some(w) = wait {
+                        // It and the rest stay queued until compaction
+                        // shrinks the layers a checkpoint would name, or
+                        // other exports and imports end.
+                        if *store_wait != Some(w) {
+                            tracing::info!(
+                                session = sid,
+                                layers = store.stats().segments,
+                                "{}",
+                                w.why()
+                            );
+                        }
+                        *store_wait = Some(w);
+                        let rest = (sqes.len() - i) as u32;
+                        ring.sq.unpop(rest);
+                        *requests -= u64::from(rest);
+                        if i == 0 {
+                            return Ok(false);
+                        }
+                        break;
+                    }
+                    *store_wait = None;
+                    stats.requests += 1;
+                    live.ops.request(sqe.opcode);
+                    if matches!(
+                        op,
+                        Some(
+                            Opcode::Checkpoint
+                                | Opcode::CheckpointNotify
+                                | Opcode::SnapshotExport
+                                | Opcode::SnapshotImport
+                                | Opcode::ChunkRelease
+                        )
+                    ) {
+                        // A barrier: every earlier request takes effect
+                        // (or fixes its snapshot) first.
+                        run_batch!(t0, tally);
+                        let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
+                        let c = if matches!(op, Some(Opcode::Checkpoint | Opcode::CheckpointNotify))
+                        {
+                            checkpoint_op(store, ring, sqe, who, view, pending, sid, in_flight)
+                        } else {
+                            let ctx = SnapshotCtx {
+                                registry,
+                                view,
+                                pending,
+                                sid,
+                                in_flight,
+                                chunk_slots,
+                                export,
+                                import,
+                                chunk,
+                            };
+                            snapshot_op(store, ring, sqe, who, ctx)?
+                        };
+                        if let Some(c) = c {
+                            if c.status < 0 {
+                                live.ops.error(sqe.opcode);
+                            }
+                            tally.add(op.expect("matched above"));
+                            push(ring, &c)?;
+                        }
+                        continue;
+                    }
+                    match take(ring, sqe, states, (kg_lo, kg_hi), scratch) {
+                        Ok(Some(item)) => {
+                            items.push(item);
+                            if scratch.len() >= BATCH_BYTES {
+                                // Large values: run what is copied so far,
+                                // so one batch never holds more than this.
+                                run_batch!(t0, tally);
+                            }
+                        }
+                        Ok(None) => {
+                            // Answered at once (no-op, not supported here).
+                            let c = immediate(sqe);
+                            if let Some(op) = op {
+                                tally.add(op);
+                            }
+                            push(ring, &c)?;
+                        }
+                        Err((st, out)) => {
+                            stats.errors += 1;
+                            live.ops.error(sqe.opcode);
+                            if let Some(op) = op {
+                                tally.add(op);
+                            }
+                            push(ring, &answer(sqe.user_data, st, out))?;
+                        }
+                    }
+                }
+                if ring.sq.release() {
+                    // The client waits for room in its submission queue.
+                    to_client.ring();
+                }
+                run_batch!(t0, tally);
+                tally.record(&live.ops, t0.elapsed().as_nanos() as u64);
+                if scratch.capacity() > 2 * BATCH_BYTES {
+                    scratch.clear();
+                    scratch.shrink_to(BATCH_BYTES);
+                }
+                // Published per batch, not per pass: the client refills
+                // its queue while the next batch runs.
+                if ring.cq.publish() {
+                    to_client.ring();
+                }
+                Ok(true)
+            });
+        match r {
+            Ok(progress) => progress,
+            Err(e) => {
+                s.break_off(self.id, &self.live, e.to_string());
+                false
+            }
+        }
+    }
+}
