@@ -322,7 +322,8 @@ impl Memtable {
         self.lookup_addr(key, h).map(|a| self.record(a))
     }
 
-    fn set_slot(&mut self, key: &[u8], h: u64, addr: u64) {
+    /// Points `key`'s slot at `addr`; whether the key is new to the index.
+    fn set_slot(&mut self, key: &[u8], h: u64, addr: u64) -> bool {
         if self.occupied + 1 > self.slots.len() / 4 * 3 {
             self.grow();
         }
@@ -340,13 +341,13 @@ impl Memtable {
                     }
                 }
                 self.live += 1;
-                return;
+                return true;
             }
             if s == TOMB {
                 first_tomb.get_or_insert(i);
             } else if tag_of(s) == tag_of(h) && self.key_at((s & ADDR_MASK) - 2) == key {
                 self.slots[i] = v;
-                return;
+                return false;
             }
             i = (i + 1) & self.mask;
         }
@@ -391,6 +392,19 @@ impl Memtable {
         debug_assert!(kind != Kind::Merge);
         let addr = self.append(kind, key, value, None);
         self.set_slot(key, h, addr);
+    }
+
+    /// Writes a map entry's `Put` or `Delete` record, and records the key
+    /// for ordered iteration and clear when it is new to this memtable (a
+    /// key already in the index got there by a map write, which recorded
+    /// it, and leaves the two together: `clear_map`, `delete_key_groups`):
+    /// an overwrite costs no ordered-set lookup.
+    pub fn write_map_entry(&mut self, kind: Kind, key: &[u8], h: u64, value: &[u8]) {
+        debug_assert!(matches!(kind, Kind::Put | Kind::Delete));
+        let addr = self.append(kind, key, value, None);
+        if self.set_slot(key, h, addr) {
+            self.note_map_key(key);
+        }
     }
 
     /// Appends list elements (already encoded) to `key`'s chain.

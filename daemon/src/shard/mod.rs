@@ -44,8 +44,8 @@ use stator_store::{
     RestoreSpec, Restored, StateKind, Store, StoreError, Submitted,
 };
 
-use crate::registry::{Registry, RegistryView};
 use crate::metrics::{OpMetrics, Report, SessionReport, ShardReport, Tally};
+use crate::registry::{Registry, RegistryView};
 
 mod checkpoint;
 mod complete;

@@ -69,10 +69,19 @@ impl<I: Io> Store<I> {
         spans.clear();
         for op in ops {
             let start = keys.len();
-            if let Op::Get(k) | Op::Put(k, _) = op
+            // Gets and the writes of one key: what a task sends most.
+            let keyed = match op {
+                Op::Get(k) | Op::Put(k, _) | Op::Delete(k) | Op::ListAppend(k, _) => {
+                    Some((k, None))
+                }
+                Op::MapPut(k, u, _) | Op::MapRemove(k, u) => Some((k, Some(*u))),
+                _ => None,
+            };
+            if let Some((k, user_key)) = keyed
                 && check_key(k).is_ok()
             {
                 keys::encode_base(&mut keys, k.key_group, k.state, k.key, k.namespace);
+                keys.extend_from_slice(user_key.unwrap_or_default());
             }
             let h = bloom::hash(&keys[start..]);
             spans.push((start, keys.len(), h));
@@ -106,15 +115,16 @@ impl<I: Io> Store<I> {
                 continue;
             }
             match op {
-                Op::Put(_, v) => {
-                    let r = self.check_memory().and_then(|()| check_value(v));
+                Op::Get(_) => out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0)),
+                _ => {
+                    let r = self
+                        .check_memory()
+                        .and_then(|()| self.apply_keyed(op, key, h));
                     if r.is_ok() {
-                        self.active.write(Kind::Put, key, h, v);
                         self.after_write();
                     }
                     out(i, r.map(|()| Submitted::Ready(Output::Done)));
                 }
-                _ => out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0)),
             }
         }
         self.batch_keys = keys;

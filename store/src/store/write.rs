@@ -18,42 +18,59 @@ impl<I: Io> Store<I> {
     }
 
     pub(super) fn apply_write(&mut self, op: &Op<'_>) -> Result<(), StoreError> {
+        let kb = match *op {
+            Op::Put(k, _)
+            | Op::Delete(k)
+            | Op::ListAppend(k, _)
+            | Op::ListAppendAll(k, _)
+            | Op::ListReplace(k, _)
+            | Op::Clear(k, _) => KeyBuf::encode(&k, None)?,
+            Op::MapPut(k, u, _) | Op::MapRemove(k, u) => KeyBuf::encode(&k, Some(u))?,
+            Op::DeleteKeyGroups { lo, hi } => {
+                if lo > hi {
+                    return Err(StoreError::Invalid("key-group range with lo > hi"));
+                }
+                return self.delete_key_groups(lo, hi);
+            }
+            _ => return Err(StoreError::Invalid("not a write")),
+        };
+        let key = kb.as_slice();
+        self.apply_keyed(op, key, bloom::hash(key))
+    }
+
+    /// Applies keyed write `op` whose key is encoded as `key` (hash `h`,
+    /// `bloom::hash(key)`): [`Store::submit_batch`] encodes a batch's keys
+    /// together and prefetches their slots before it gets here.
+    pub(super) fn apply_keyed(
+        &mut self,
+        op: &Op<'_>,
+        key: &[u8],
+        h: u64,
+    ) -> Result<(), StoreError> {
         match *op {
-            Op::Put(k, v) => {
-                let kb = KeyBuf::encode(&k, None)?;
-                let key = kb.as_slice();
+            Op::Put(_, v) => {
                 check_value(v)?;
-                self.active.write(Kind::Put, key, bloom::hash(key), v);
+                self.active.write(Kind::Put, key, h, v);
             }
-            Op::Delete(k) => {
-                let kb = KeyBuf::encode(&k, None)?;
-                let key = kb.as_slice();
-                self.active.write(Kind::Delete, key, bloom::hash(key), &[]);
-            }
-            Op::ListAppend(k, e) => {
-                let kb = KeyBuf::encode(&k, None)?;
-                let key = kb.as_slice();
+            Op::Delete(_) => self.active.write(Kind::Delete, key, h, &[]),
+            Op::ListAppend(_, e) => {
                 check_value(e)?;
                 self.scratch.clear();
                 encode_element(&mut self.scratch, e);
                 let operand = std::mem::take(&mut self.scratch);
-                self.active.merge(key, bloom::hash(key), &operand);
+                self.active.merge(key, h, &operand);
                 self.scratch = operand;
             }
-            Op::ListAppendAll(k, list) => {
-                let kb = KeyBuf::encode(&k, None)?;
-                let key = kb.as_slice();
+            Op::ListAppendAll(_, list) => {
                 check_value(list)?;
                 crate::ops::check_elements(list)
                     .ok_or(StoreError::Invalid("malformed element list"))?;
                 // The operand is already what a list's operands join into.
                 if !list.is_empty() {
-                    self.active.merge(key, bloom::hash(key), list);
+                    self.active.merge(key, h, list);
                 }
             }
-            Op::ListReplace(k, list) => {
-                let kb = KeyBuf::encode(&k, None)?;
-                let key = kb.as_slice();
+            Op::ListReplace(_, list) => {
                 check_value(list)?;
                 crate::ops::check_elements(list)
                     .ok_or(StoreError::Invalid("malformed element list"))?;
@@ -62,38 +79,18 @@ impl<I: Io> Store<I> {
                 } else {
                     Kind::Put
                 };
-                self.active.write(kind, key, bloom::hash(key), list);
+                self.active.write(kind, key, h, list);
             }
-            Op::MapPut(k, u, v) => {
-                let kb = KeyBuf::encode(&k, Some(u))?;
-                let key = kb.as_slice();
+            Op::MapPut(_, _, v) => {
                 check_value(v)?;
-                self.active.write(Kind::Put, key, bloom::hash(key), v);
-                self.active.note_map_key(key);
+                self.active.write_map_entry(Kind::Put, key, h, v);
             }
-            Op::MapRemove(k, u) => {
-                let kb = KeyBuf::encode(&k, Some(u))?;
-                let key = kb.as_slice();
-                self.active.write(Kind::Delete, key, bloom::hash(key), &[]);
-                self.active.note_map_key(key);
-            }
-            Op::Clear(k, kind) => {
-                let kb = KeyBuf::encode(&k, None)?;
-                let key = kb.as_slice();
-                match kind {
-                    StateKind::Map => self.active.clear_map(key),
-                    StateKind::Value | StateKind::List => {
-                        self.active.write(Kind::Delete, key, bloom::hash(key), &[])
-                    }
-                }
-            }
-            Op::DeleteKeyGroups { lo, hi } => {
-                if lo > hi {
-                    return Err(StoreError::Invalid("key-group range with lo > hi"));
-                }
-                self.delete_key_groups(lo, hi)?;
-            }
-            _ => return Err(StoreError::Invalid("not a write")),
+            Op::MapRemove(..) => self.active.write_map_entry(Kind::Delete, key, h, &[]),
+            Op::Clear(_, kind) => match kind {
+                StateKind::Map => self.active.clear_map(key),
+                StateKind::Value | StateKind::List => self.active.write(Kind::Delete, key, h, &[]),
+            },
+            _ => return Err(StoreError::Invalid("not a keyed write")),
         }
         Ok(())
     }
