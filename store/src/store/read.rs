@@ -69,11 +69,15 @@ impl<I: Io> Store<I> {
         spans.clear();
         for op in ops {
             let start = keys.len();
-            // Gets and the writes of one key: what a task sends most.
+            // Gets and every write of one key: what a task sends most.
             let keyed = match op {
-                Op::Get(k) | Op::Put(k, _) | Op::Delete(k) | Op::ListAppend(k, _) => {
-                    Some((k, None))
-                }
+                Op::Get(k)
+                | Op::Put(k, _)
+                | Op::Delete(k)
+                | Op::ListAppend(k, _)
+                | Op::ListAppendAll(k, _)
+                | Op::ListReplace(k, _)
+                | Op::Clear(k, _) => Some((k, None)),
                 Op::MapPut(k, u, _) | Op::MapRemove(k, u) => Some((k, Some(*u))),
                 _ => None,
             };
