@@ -402,8 +402,9 @@ impl Memtable {
     pub fn write_map_entry(&mut self, kind: Kind, key: &[u8], h: u64, value: &[u8]) {
         debug_assert!(matches!(kind, Kind::Put | Kind::Delete));
         let addr = self.append(kind, key, value, None);
-        if self.set_slot(key, h, addr) {
-            self.note_map_key(key);
+        // New to the index, so new to the set: one tree walk, not two.
+        if self.set_slot(key, h, addr) && self.map_keys.insert(key.into()) {
+            self.map_key_bytes += key.len() + 32;
         }
     }
 
