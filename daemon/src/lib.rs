@@ -218,8 +218,24 @@ impl Daemon {
             per_uid: Default::default(),
             conns_per_uid: Default::default(),
         });
-        let status = match StatusServer::start(ctx.clone(), started) {
-            Ok(s) => s,
+        // Before anything serves: a failure stops only the shards. (It
+        // stops when its sender, dropped on any early return, is.)
+        let (stop_janitor, stopped) = crossbeam_channel::bounded(0);
+        let c = ctx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("statord-janitor".into())
+            .spawn(move || janitor(&c, &stopped));
+        let begun = match spawned {
+            Err(e) => Err(StartError::Shard {
+                shard: usize::MAX,
+                msg: format!("cannot start the janitor: {e}"),
+            }),
+            Ok(j) => StatusServer::start(ctx.clone(), started)
+                .map(|s| (j, s))
+                .map_err(path_err("cannot serve the status socket", &status_path)),
+        };
+        let (janitor, status) = match begun {
+            Ok(b) => b,
             Err(e) => {
                 // Nothing serves yet: undo what was started.
                 drop(listener);
@@ -230,7 +246,7 @@ impl Daemon {
                 for j in shards {
                     let _ = j.join();
                 }
-                return Err(path_err("cannot serve the status socket", &status_path)(e));
+                return Err(e);
             }
         };
         let c = ctx.clone();
@@ -240,15 +256,6 @@ impl Daemon {
             .map_err(|e| StartError::Shard {
                 shard: usize::MAX,
                 msg: format!("cannot start the acceptor: {e}"),
-            })?;
-        let (stop_janitor, stopped) = crossbeam_channel::bounded(0);
-        let c = ctx.clone();
-        let janitor = std::thread::Builder::new()
-            .name("statord-janitor".into())
-            .spawn(move || janitor(&c, &stopped))
-            .map_err(|e| StartError::Shard {
-                shard: usize::MAX,
-                msg: format!("cannot start the janitor: {e}"),
             })?;
         tracing::info!(socket = %sock.display(), status = %status_path.display(), shards = ctx.shards.len(), "statord is serving");
         Ok(Daemon {

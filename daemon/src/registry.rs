@@ -419,7 +419,10 @@ impl Registry {
     /// again, and compaction leaves their records out) and its owner, so
     /// that neither file grows with every job that ever ran (a Flink job
     /// is named by its job id unless told otherwise). Returns the jobs
-    /// dropped. A failed save drops nothing.
+    /// dropped. Names go first (`states.json`), then owners (`jobs.json`):
+    /// a failed save of the names drops nothing (`Err`); a failed save of
+    /// the owners keeps them for the next try (logged; an owner alone
+    /// keeps no state) and still returns the jobs whose names went.
     pub fn drop_idle(
         &mut self,
         after: Duration,
@@ -454,27 +457,27 @@ impl Registry {
         if doomed.is_empty() {
             return Ok(Vec::new());
         }
-        let all = std::mem::take(&mut self.entries);
-        self.entries = all
-            .iter()
-            .filter(|e| !doomed.contains(&e.job))
-            .cloned()
-            .collect();
-        if let Err(e) = self.save() {
-            self.entries = all;
-            return Err(e);
+        if self.entries.iter().any(|e| doomed.contains(&e.job)) {
+            let all = std::mem::take(&mut self.entries);
+            self.entries = all
+                .iter()
+                .filter(|e| !doomed.contains(&e.job))
+                .cloned()
+                .collect();
+            if let Err(e) = self.save() {
+                self.entries = all;
+                return Err(e);
+            }
+            self.index = index_of(&self.entries);
+            self.view.publish(&self.entries, self.next_id);
         }
-        self.index = index_of(&self.entries);
-        self.view.publish(&self.entries, self.next_id);
         let owners = self.jobs.clone();
         self.jobs.retain(|j, _| !doomed.contains(j));
         if owners.len() != self.jobs.len()
             && let Err(e) = save_json(&self.jobs_path, &self.jobs)
         {
-            // The names are gone; the owners stay until the next try
-            // (an owner alone keeps nothing).
+            tracing::warn!(error = %e, "cannot save the job owners after dropping idle jobs; retried");
             self.jobs = owners;
-            return Err(e);
         }
         for j in &doomed {
             self.use_of.remove(j);

@@ -351,9 +351,12 @@ enum StoreWait {
     /// A checkpoint, until compaction merges the layers it would name
     /// (`Store::checkpoint_should_wait`).
     Compaction,
-    /// An export or import, until others end and leave the memory budget
-    /// room for its buffers (`Store::export_should_wait`).
-    Memory,
+    /// An export, until others end and leave the memory budget room for
+    /// its read-ahead (`Store::export_should_wait`).
+    Export,
+    /// An import, until others end and leave room for its write buffers
+    /// (`Store::import_should_wait`).
+    Import,
 }
 
 impl StoreWait {
@@ -362,8 +365,11 @@ impl StoreWait {
             StoreWait::Compaction => {
                 "a checkpoint waits for compaction to merge the layers it would name"
             }
-            StoreWait::Memory => {
-                "an export or import waits for others to end: the memory budget has no room for its buffers"
+            StoreWait::Export => {
+                "an export waits for other exports or imports to end: the memory budget has no room for its read-ahead"
+            }
+            StoreWait::Import => {
+                "an import waits for other exports or imports to end: the memory budget has no room for its write buffers"
             }
         }
     }
@@ -652,7 +658,8 @@ impl Shard {
         // waiting session was looked at.
         let still = |w: StoreWait, store: &Store<UringIo>| match w {
             StoreWait::Compaction => store.checkpoint_should_wait(),
-            StoreWait::Memory => store.export_should_wait() && store.import_should_wait(),
+            StoreWait::Export => store.export_should_wait(),
+            StoreWait::Import => store.import_should_wait(),
         };
         for (_, s) in self.sessions.iter_mut() {
             if s.broken {

@@ -200,20 +200,21 @@ impl Shard {
                         write_room = write_room.saturating_sub(len);
                     }
                     let op = Opcode::from_u8(sqe.opcode);
-                    let starts_export = export.as_ref().is_none_or(|e| e.id.is_none());
+                    // A session with an export or import of its own under
+                    // way never waits for memory: the requests that would
+                    // end it may be queued behind (a second one gets Busy
+                    // from the store instead). Nor does a cancel.
+                    let idle = export.as_ref().is_none_or(|e| e.id.is_none()) && import.is_none();
+                    let new = idle && sqe.arg2 != CANCEL_SNAPSHOT;
                     let wait = match op {
                         Some(Opcode::Checkpoint) if store.checkpoint_should_wait() => {
                             Some(StoreWait::Compaction)
                         }
-                        Some(Opcode::SnapshotExport)
-                            if starts_export && store.export_should_wait() =>
-                        {
-                            Some(StoreWait::Memory)
+                        Some(Opcode::SnapshotExport) if new && store.export_should_wait() => {
+                            Some(StoreWait::Export)
                         }
-                        Some(Opcode::SnapshotImport)
-                            if import.is_none() && store.import_should_wait() =>
-                        {
-                            Some(StoreWait::Memory)
+                        Some(Opcode::SnapshotImport) if new && store.import_should_wait() => {
+                            Some(StoreWait::Import)
                         }
                         _ => None,
                     };
@@ -222,12 +223,7 @@ impl Shard {
                         // shrinks the layers a checkpoint would name, or
                         // other exports and imports end.
                         if *store_wait != Some(w) {
-                            tracing::info!(
-                                session = sid,
-                                layers = store.stats().segments,
-                                "{}",
-                                w.why()
-                            );
+                            tracing::info!(session = sid, "{}", w.why());
                         }
                         *store_wait = Some(w);
                         let rest = (sqes.len() - i) as u32;
