@@ -471,10 +471,7 @@ fn portable_snapshots_stream_rescale_migrate_and_refuse_bad_chunks() {
 #[test]
 fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
     let tmp = tempfile::tempdir().unwrap();
-    let conf = tmp.path().join("statord.toml");
-    std::fs::write(&conf, "retained_checkpoints = 3\n").unwrap();
-    let args = ["--config", conf.to_str().unwrap()];
-    let d = Daemon::start_in(tmp.path(), 64, &args);
+    let d = Daemon::start_with_config(tmp.path(), 64, "retained_checkpoints = 3\n");
     let (mut s, st) = open(&d, "retain", 0, 1);
     let mut states = Vec::new();
     let mut handles = Vec::new();
@@ -495,7 +492,7 @@ fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
     // too).
     drop(s);
     drop(d);
-    let d = Daemon::start_in(tmp.path(), 64, &args);
+    let d = Daemon::start_with_config(tmp.path(), 64, "retained_checkpoints = 3\n");
     let (mut s, st) = open(&d, "retain", 0, 1);
     for (i, h) in handles.iter().enumerate() {
         s.restore(&[h]).unwrap();

@@ -562,9 +562,7 @@ fn read_refusal(mut s: UnixStream) -> (i32, String) {
 fn trickled_requests_meet_a_deadline_and_a_full_cap_is_answered() {
     use stator_ring::control::status;
     let tmp = tempfile::tempdir().unwrap();
-    let conf = tmp.path().join("statord.toml");
-    std::fs::write(&conf, "max_sessions = 4\n").unwrap();
-    let d = Daemon::start_in(tmp.path(), 64, &["--config", conf.to_str().unwrap()]);
+    let d = Daemon::start_with_config(tmp.path(), 64, "max_sessions = 4\n");
     let before = threads(&d);
     // The cap: max_sessions + 64 connections that send nothing.
     let held: Vec<UnixStream> = (0..68)
@@ -871,9 +869,7 @@ fn a_burst_of_large_puts_stays_within_the_memory_budget() {
 #[test]
 fn a_job_cannot_grow_the_state_registry_without_bound() {
     let tmp = tempfile::tempdir().unwrap();
-    let conf = tmp.path().join("statord.toml");
-    std::fs::write(&conf, "max_states_per_job = 5\n").unwrap();
-    let d = Daemon::start_in(tmp.path(), 64, &["--config", conf.to_str().unwrap()]);
+    let d = Daemon::start_with_config(tmp.path(), 64, "max_states_per_job = 5\n");
     let mut n = 0;
     for _session in 0..2 {
         let mut s = Session::open(&d.socket, &opts("names", 0, 1)).unwrap();
@@ -908,9 +904,7 @@ fn a_job_cannot_grow_the_state_registry_without_bound() {
 fn a_finished_job_without_checkpoints_is_dropped() {
     use stator_client::{Notify, Request as R};
     let tmp = tempfile::tempdir().unwrap();
-    let conf = tmp.path().join("statord.toml");
-    std::fs::write(&conf, "drop_idle_jobs_after_secs = 1\n").unwrap();
-    let d = Daemon::start_in(tmp.path(), 64, &["--config", conf.to_str().unwrap()]);
+    let d = Daemon::start_with_config(tmp.path(), 64, "drop_idle_jobs_after_secs = 1\n");
     let write = |job: &str| {
         let mut s = Session::open(&d.socket, &opts(job, 0, 1)).unwrap();
         let v = ValueState(s.register("v", Kind::Value).unwrap());

@@ -408,9 +408,7 @@ fn a_checkpoint_past_the_layer_limit_waits_for_compaction() {
         }
         assert_eq!(s.stats().segments, 40);
     }
-    let config = tmp.path().join("statord.toml");
-    std::fs::write(&config, "checkpoint_layer_limit = 12\n").unwrap();
-    let d = Daemon::start_in(tmp.path(), 64, &["--config", config.to_str().unwrap()]);
+    let d = Daemon::start_with_config(tmp.path(), 64, "checkpoint_layer_limit = 12\n");
     let mut s = Session::open(&d.socket, &opts("limit", 0, 1)).unwrap();
     let st = ValueState(s.register("v", Kind::Value).unwrap());
     run(&mut s, &st.put(0, b"k", b"v")).unwrap();

@@ -30,6 +30,19 @@ impl Daemon {
         d
     }
 
+    /// Starts a daemon over `dir` with `toml` as its configuration file
+    /// (`dir/statord.toml`).
+    #[allow(dead_code)] // each test binary uses some
+    pub fn start_with_config(dir: &Path, budget_mib: u64, toml: &str) -> Daemon {
+        let conf = dir.join("statord.toml");
+        std::fs::write(&conf, toml).expect("write statord.toml");
+        Daemon::start_in(
+            dir,
+            budget_mib,
+            &["--config", conf.to_str().expect("UTF-8")],
+        )
+    }
+
     /// Starts a daemon over `dir` (kept; for restart tests).
     pub fn start_in(dir: &Path, budget_mib: u64, extra: &[&str]) -> Daemon {
         let socket = dir.join("run/stator.sock");

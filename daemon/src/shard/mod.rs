@@ -438,15 +438,7 @@ impl Shard {
                 self.finish();
                 return self.stats;
             }
-            let mut progress = false;
-            for slot in 0..self.sessions.capacity() {
-                if self.sessions.contains(slot) {
-                    progress |= self.service(slot);
-                }
-            }
-            progress |= self.reap();
-            progress |= self.drive_snapshots();
-            self.publish();
+            let progress = self.pass();
             if progress {
                 idle_since = None;
                 self.yield_to_flush();
@@ -474,6 +466,22 @@ impl Shard {
     /// otherwise run only in their gaps, and writes would stop at once
     /// when the room is gone (for as long as a whole flush) instead of
     /// slowing down smoothly before.
+    /// One pass over the work at hand: every session's queue, the
+    /// store's completions, the snapshots, then the completions published.
+    /// Whether anything moved.
+    fn pass(&mut self) -> bool {
+        let mut progress = false;
+        for slot in 0..self.sessions.capacity() {
+            if self.sessions.contains(slot) {
+                progress |= self.service(slot);
+            }
+        }
+        progress |= self.reap();
+        progress |= self.drive_snapshots();
+        self.publish();
+        progress
+    }
+
     fn yield_to_flush(&mut self) {
         const MAX_YIELD: Duration = Duration::from_millis(1);
         let headroom = self.store.write_headroom();
@@ -755,15 +763,7 @@ impl Shard {
         // that does not reap has left no completion room) or 10 s passed.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let mut progress = false;
-            for slot in 0..self.sessions.capacity() {
-                if self.sessions.contains(slot) {
-                    progress |= self.service(slot);
-                }
-            }
-            progress |= self.reap();
-            progress |= self.drive_snapshots();
-            self.publish();
+            let progress = self.pass();
             if Instant::now() >= deadline || (!progress && self.store.pending() == 0) {
                 break;
             }
