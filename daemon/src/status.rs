@@ -1010,6 +1010,15 @@ impl Collector for Gathered {
                 .map(|(r, _)| r.store.background_failures)
                 .sum(),
         )?;
+        counter(
+            &mut e,
+            "delete_failures",
+            "Files no longer needed that could not be deleted since start",
+            self.shards
+                .iter()
+                .map(|(r, _)| r.store.delete_failures)
+                .sum(),
+        )?;
         Ok(())
     }
 }

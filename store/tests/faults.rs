@@ -479,6 +479,9 @@ impl stator_store::io::Io for LagIo {
     fn fsync(&mut self, f: stator_store::io::FileId, t: u64) {
         self.inner.fsync(f, t)
     }
+    fn unlink(&mut self, p: &std::path::Path, t: u64) {
+        self.inner.unlink(p, t)
+    }
     fn submit(&mut self) -> std::io::Result<()> {
         self.inner.submit()
     }

@@ -200,6 +200,13 @@ impl<I: Io> Io for FaultIo<I> {
         }
     }
 
+    fn unlink(&mut self, path: &Path, token: u64) {
+        if self.crashed {
+            return self.fail(token, None, libc::EIO);
+        }
+        self.inner.unlink(path, token)
+    }
+
     fn submit(&mut self) -> IoResult<()> {
         self.inner.submit()
     }

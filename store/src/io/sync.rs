@@ -126,6 +126,19 @@ impl Io for SyncIo {
         });
     }
 
+    fn unlink(&mut self, path: &Path, token: u64) {
+        let result = std::fs::remove_file(path)
+            .map(|_| 0)
+            .map_err(|e| errno_of(&e));
+        self.done.push_back(IoCompletion {
+            token,
+            buf: None,
+            result,
+            remote_error: None,
+            remote_block: None,
+        });
+    }
+
     fn submit(&mut self) -> IoResult<()> {
         Ok(())
     }

@@ -38,6 +38,9 @@ enum Kind {
     /// off this thread. One [`PREFAULT_CHUNK`] at a time, the next issued
     /// when it completes. Completes silently.
     Prefault(usize, usize),
+    /// `unlinkat` of the path at this index of `UringIo::paths` (run by
+    /// an io-wq worker).
+    Unlink(usize),
     /// One-shot readiness of a foreign fd (a client's doorbell): the
     /// caller's, not the store's; its completion goes to `ready`.
     Poll(i32),
@@ -75,6 +78,8 @@ pub struct UringIo {
     ring: IoUring,
     files: Slab<FileEntry>,
     ops: Slab<Op>,
+    /// Paths of unlinks in flight (see `Kind::Unlink`).
+    paths: Slab<std::ffi::CString>,
     /// Ops waiting for submission-queue room, in order.
     backlog: VecDeque<usize>,
     done: VecDeque<IoCompletion>,
@@ -130,6 +135,7 @@ impl UringIo {
             ring,
             files: Slab::new(),
             ops: Slab::new(),
+            paths: Slab::new(),
             backlog: VecDeque::new(),
             done: VecDeque::new(),
             ready: Vec::new(),
@@ -214,6 +220,16 @@ impl UringIo {
             self.in_kernel += pushed as usize;
             return pushed;
         }
+        if let Kind::Unlink(i) = op.kind {
+            let entry = opcode::UnlinkAt::new(types::Fd(libc::AT_FDCWD), self.paths[i].as_ptr())
+                .build()
+                .user_data(idx as u64);
+            // SAFETY: the path is owned by `paths[i]` until the op's
+            // completion is reaped (`finish` removes it only then).
+            let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
+            self.in_kernel += pushed as usize;
+            return pushed;
+        }
         if let Kind::Poll(fd) = op.kind {
             let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
                 .build()
@@ -255,7 +271,7 @@ impl UringIo {
                 }
             }
             Kind::Fsync => opcode::Fsync::new(fd).build(),
-            Kind::Poll(_) | Kind::Prefault(..) => unreachable!("pushed above"),
+            Kind::Poll(_) | Kind::Prefault(..) | Kind::Unlink(_) => unreachable!("pushed above"),
         }
         .user_data(idx as u64);
         // SAFETY: the entry's buffer pointer is owned by `ops[idx]` and
@@ -285,7 +301,10 @@ impl UringIo {
                 }
                 return;
             }
-            _ => {}
+            Kind::Unlink(i) => {
+                self.paths.remove(i);
+            }
+            Kind::Read | Kind::Write | Kind::Fsync => {}
         }
         if let Some(f) = self.files.get_mut(op.file as usize) {
             f.pending -= 1;
@@ -343,7 +362,9 @@ impl UringIo {
                 continue;
             }
             match op.kind {
-                Kind::Fsync | Kind::Poll(_) | Kind::Prefault(..) => self.finish(idx, Ok(0)),
+                Kind::Fsync | Kind::Poll(_) | Kind::Prefault(..) | Kind::Unlink(_) => {
+                    self.finish(idx, Ok(0))
+                }
                 Kind::Read | Kind::Write => {
                     let total = op.buf.as_ref().map_or(0, |b| b.len());
                     if res == 0 {
@@ -492,6 +513,27 @@ impl Io for UringIo {
             token,
             kind: Kind::Fsync,
             file: f,
+            offset: 0,
+            buf: None,
+            done: 0,
+        });
+    }
+
+    fn unlink(&mut self, path: &Path, token: u64) {
+        let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+            return self.done.push_back(IoCompletion {
+                token,
+                buf: None,
+                result: Err(libc::EINVAL),
+                remote_error: None,
+                remote_block: None,
+            });
+        };
+        let i = self.paths.insert(c);
+        self.enqueue(Op {
+            token,
+            kind: Kind::Unlink(i),
+            file: FileId::MAX,
             offset: 0,
             buf: None,
             done: 0,
@@ -693,6 +735,29 @@ mod tests {
         let bufs: Vec<AlignedBuf> = (0..256).map(|_| AlignedBuf::zeroed(4096)).collect();
         std::thread::sleep(Duration::from_millis(50));
         assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 0)));
+    }
+
+    /// An unlink runs in the kernel and completes with its token: the
+    /// file is gone after it, and a missing file's errno comes back.
+    #[test]
+    fn an_unlink_completes_with_its_result() {
+        let (_d, p) = file(1);
+        let mut io = UringIo::new(8, false).unwrap();
+        io.unlink(&p, 7);
+        io.unlink(&p.with_extension("missing"), 8);
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(20);
+        while got.len() < 2 {
+            assert!(Instant::now() < end, "the unlinks never completed");
+            io.submit().unwrap();
+            io.reap(&mut got);
+            io.wait(Some(Duration::from_millis(10))).unwrap();
+        }
+        got.sort_by_key(|c| c.token);
+        assert_eq!((got[0].token, got[0].result), (7, Ok(0)));
+        assert_eq!((got[1].token, got[1].result), (8, Err(libc::ENOENT)));
+        assert!(!p.exists(), "the file is still there");
+        assert_eq!(io.in_flight(), 0);
     }
 
     /// A prefault of several chunks populates every page of its range,

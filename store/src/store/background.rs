@@ -158,6 +158,12 @@ impl<I: Io> Store<I> {
                 TAG_EXPORT_READ => self.export_read_done(v, c),
                 tier::TAG_CACHE_WRITE => self.writeback_done(v as usize, c.result),
                 TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c),
+                TAG_UNLINK => {
+                    self.unlinks -= 1;
+                    if c.result.is_err_and(|e| e != libc::ENOENT) {
+                        self.stats.delete_failures += 1;
+                    }
+                }
                 TAG_DIR_SYNC => {
                     self.dir_sync_in_flight = false;
                     match c.result {

@@ -680,9 +680,14 @@ impl<I: Io> Store<I> {
             .chain(self.compact.as_ref().map(|j| &j.writer.path))
             .any(|p| p.file_name().is_some_and(|n| n == name));
         if !live && !writing {
-            let _ = std::fs::remove_file(self.cfg.dir.join(name));
+            // Through the I/O layer: a large file's unlink took a shard
+            // 264 ms (benches/RESULTS.md).
+            self.io.unlink(&self.cfg.dir.join(name), tag(TAG_UNLINK, 0));
+            self.unlinks += 1;
             if let Some(t) = self.tier.as_mut() {
-                let _ = std::fs::remove_file(self.cfg.dir.join(tier::FETCHED_DIR).join(name));
+                let fetched = self.cfg.dir.join(tier::FETCHED_DIR).join(name);
+                self.io.unlink(&fetched, tag(TAG_UNLINK, 0));
+                self.unlinks += 1;
                 t.delete(name);
                 if let Some(f) = t.wfds.remove(name) {
                     self.io.close(f);

@@ -185,6 +185,10 @@ pub struct StoreStats {
     /// that a retry mended still counts: failures are reported, never
     /// hidden).
     pub background_failures: u64,
+    /// Unreferenced segment files whose deletion failed (other than being
+    /// gone already): they take disk space until the store reopens and
+    /// removes what no layer or checkpoint references.
+    pub delete_failures: u64,
     /// The remote tier's, when there is one.
     pub remote: Option<TierStats>,
     /// Times writes stalled behind flushes, and for how long in all
@@ -246,6 +250,7 @@ const TAG_IMPORT_WRITE: u64 = 13;
 const TAG_IMPORT_SYNC: u64 = 14;
 const TAG_MARKER_SYNC: u64 = 15;
 const TAG_MARKER_DIR_SYNC: u64 = 16;
+const TAG_UNLINK: u64 = 17;
 
 /// Serial bits a job's tokens carry.
 const SERIAL_MASK: u64 = 0xfff;
@@ -448,6 +453,8 @@ pub struct Store<I: Io> {
     reuse: Arc<crate::reuse::Reuse>,
     /// Since when writes have been stalled (see `write_headroom`).
     stalled_since: Option<Instant>,
+    /// Unlinks issued and not completed.
+    unlinks: usize,
     stats: StoreStats,
     completions: Vec<IoCompletion>,
     /// Holds what an immediate `Output` borrows.
@@ -904,6 +911,7 @@ impl<I: Io> Store<I> {
             next_segment_id: next_id,
             retry_at: None,
             stalled_since: None,
+            unlinks: 0,
             reuse,
             stats: StoreStats {
                 torn_kept: report.torn.len(),
@@ -1164,6 +1172,7 @@ impl<I: Io> Store<I> {
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
+            || self.unlinks > 0
             || self.ckpt.markers.outstanding()
             || (self.full_compaction_requested && !self.stopping && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
