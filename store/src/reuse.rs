@@ -54,6 +54,11 @@ impl Reuse {
     }
 
     /// A zeroed index of exactly `len` slots.
+    /// Whether an index of `len` slots is kept.
+    pub fn has_index(&self, len: usize) -> bool {
+        lock(&self.index).as_ref().is_some_and(|i| i.len() == len)
+    }
+
     pub fn take_index(&self, len: usize) -> Option<HugeArray<u64>> {
         let mut ix = lock(&self.index);
         if ix.as_ref().is_some_and(|i| i.len() == len) {

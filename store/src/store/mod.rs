@@ -45,6 +45,7 @@ use slab::Slab;
 
 use crate::aligned::{ALIGN, AlignedBuf};
 use crate::bloom;
+use crate::hugemem::HugeArray;
 use crate::cache::{Block, BlockCache};
 use crate::error::StoreError;
 use crate::format::{self, Kind};
@@ -455,6 +456,11 @@ pub struct Store<I: Io> {
     stalled_since: Option<Instant>,
     /// Unlinks issued and not completed.
     unlinks: usize,
+    /// The next memtable's index, made ahead of the first freeze (see
+    /// `Store::after_write`).
+    next_index: Option<HugeArray<u64>>,
+    /// Whether the active memtable's `after_write` looked for one.
+    next_index_looked: bool,
     stats: StoreStats,
     completions: Vec<IoCompletion>,
     /// Holds what an immediate `Output` borrows.
@@ -912,6 +918,8 @@ impl<I: Io> Store<I> {
             retry_at: None,
             stalled_since: None,
             unlinks: 0,
+            next_index: None,
+            next_index_looked: false,
             reuse,
             stats: StoreStats {
                 torn_kept: report.torn.len(),
@@ -989,6 +997,7 @@ impl<I: Io> Store<I> {
         MemoryUsage {
             memtables: self.active.memory_bytes()
                 + self.reuse.bytes()
+                + self.next_index.as_ref().map_or(0, |i| i.len() * 8)
                 + self
                     .frozen
                     .iter()
