@@ -13,11 +13,12 @@
 //! It counts as memtable memory ([`Reuse::bytes`]): the memory budget
 //! plans for two memtables, one flushing and one filling, and the filling
 //! one draws from here. So a flushed memtable leaves behind only what the
-//! filling one can still draw before it is frozen in turn
-//! ([`release`]'s `keep`): kept whole, a memtable's worth waited here
-//! beside a full active memtable and a frozen one, three memtables where
-//! the budget plans two (the hostile soak saw the daemon's memory pass its
-//! budget by half).
+//! memtables can still draw within those two ([`release`]'s `keep`: two
+//! memtables' worth less the active one's log and any other frozen
+//! one's): kept whole beside a full active memtable and a frozen one, it
+//! made three memtables where the budget plans two (the hostile soak saw
+//! the daemon's memory pass its budget by half). Keeping less than that
+//! leaves the next memtable to fault in fresh chunks.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -885,7 +885,7 @@ impl<I: Io> Store<I> {
                 .unwrap_or(0),
         );
         let memtable_entries = initial_entries(&cfg);
-        let reuse = Arc::new(crate::reuse::Reuse::new(cfg.memtable_bytes()));
+        let reuse = Arc::new(crate::reuse::Reuse::new(2 * cfg.memtable_bytes()));
         let mut store = Store {
             cache: BlockCache::new(cfg.memory_budget / 2),
             active: Memtable::new(memtable_entries),
