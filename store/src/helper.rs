@@ -1,5 +1,5 @@
-//! Helper threads: work a shard hands off (a flush's sort, releasing a
-//! flushed memtable), run at a low priority.
+//! Helper threads: work a shard hands off (releasing a flushed memtable),
+//! run at a low priority.
 //!
 //! On a host whose cores are all busy serving requests, a helper that
 //! competed with them as an equal would take whole scheduler ticks (4 ms

@@ -42,6 +42,7 @@ pub mod keys;
 pub mod manifest;
 pub mod memtable;
 pub mod ops;
+mod pace;
 mod pool;
 mod prefetch;
 pub mod remote;

@@ -478,9 +478,15 @@ impl Memtable {
         }
     }
 
-    /// Addresses of every live key's newest record, in no order.
-    pub fn live_addrs(&self) -> impl Iterator<Item = u64> + '_ {
-        self.slots
+    /// Index slots (see [`Memtable::live_addrs_in`]).
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Addresses of the live keys' newest records held by index slots
+    /// `slots` (a part of [`Memtable::live_addrs`], to take in steps).
+    pub fn live_addrs_in(&self, slots: std::ops::Range<usize>) -> impl Iterator<Item = u64> + '_ {
+        self.slots[slots]
             .iter()
             .filter(|&&s| s > TOMB)
             .map(|&s| (s & ADDR_MASK) - 2)

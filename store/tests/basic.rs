@@ -348,11 +348,11 @@ fn a_flush_leaves_what_it_wrote_in_the_cache() {
     assert!(pending_gets(&mut s) > 0, "a reopened store reads from disk");
 }
 
-/// A memtable past the inline limit is sorted on a helper thread and
-/// written in time-bounded steps; every record comes back, before and
-/// after a reopen, in both I/O layers.
+/// A large memtable is sorted and written in many time-bounded steps;
+/// every record comes back, before and after a reopen, in both I/O
+/// layers.
 #[test]
-fn a_large_flush_sorted_off_the_shard_keeps_every_record() {
+fn a_large_flush_sorted_in_steps_keeps_every_record() {
     fn check<I: Io>(mk: fn() -> I) {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
@@ -603,4 +603,40 @@ fn batched_writes_of_every_kind_equal_writes_one_at_a_time() {
             assert_eq!(run(&mut one, read), run(&mut batched, read), "key {i}/{u}");
         }
     }
+}
+
+/// A caller that says how long it spent on requests gets its flush paced
+/// to a share of that time: the flush takes many more polls than for a
+/// caller that never says (whose polls each run a step), and still lands.
+#[test]
+fn flush_steps_are_paced_to_the_callers_request_time() {
+    fn polls_to_flush(paced: bool) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
+        cfg.memtable_bytes = Some(64 << 20);
+        let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+        for i in 0u32..200_000 {
+            let kb = i.wrapping_mul(2_654_435_761).to_be_bytes();
+            run(&mut s, Op::Put(k((i % 61) as u16, &kb), &[7; 100])).unwrap();
+        }
+        s.flush();
+        let mut polls = 0;
+        while s.stats().flushes == 0 {
+            if paced {
+                // 30 us of requests earn 10 us of background at a quarter
+                // share: a step of up to 200 us every twenty polls or so.
+                s.note_foreground(std::time::Duration::from_micros(30));
+            }
+            s.poll(|_, _| {});
+            polls += 1;
+            assert!(polls < 10_000_000, "the flush never landed");
+        }
+        polls
+    }
+    let free = polls_to_flush(false);
+    let paced = polls_to_flush(true);
+    assert!(
+        paced >= 3 * free,
+        "paced flush took {paced} polls, unpaced {free}"
+    );
 }

@@ -441,7 +441,6 @@ impl Shard {
             let progress = self.pass();
             if progress {
                 idle_since = None;
-                self.yield_to_flush();
                 // A busy loop reads the clock for its report only now and
                 // then (a pass is a few microseconds at depth 1).
                 if beat.is_multiple_of(64) {
@@ -460,34 +459,28 @@ impl Shard {
         }
     }
 
-    /// While a flush falls behind and its sort runs on a helper thread,
-    /// sleeps after a busy pass, longer as writes run out of room: on a
-    /// host whose cores the shard and its clients fill, the helper would
-    /// otherwise run only in their gaps, and writes would stop at once
-    /// when the room is gone (for as long as a whole flush) instead of
-    /// slowing down smoothly before.
     /// One pass over the work at hand: every session's queue, the
     /// store's completions, the snapshots, then the completions published.
     /// Whether anything moved.
     fn pass(&mut self) -> bool {
         let mut progress = false;
+        let t = Instant::now();
         for slot in 0..self.sessions.capacity() {
             if self.sessions.contains(slot) {
                 progress |= self.service(slot);
             }
         }
+        // Background steps are paced to the time requests took.
+        let busy = if progress {
+            t.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        self.store.note_foreground(busy);
         progress |= self.reap();
         progress |= self.drive_snapshots();
         self.publish();
         progress
-    }
-
-    fn yield_to_flush(&mut self) {
-        const MAX_YIELD: Duration = Duration::from_millis(1);
-        let headroom = self.store.write_headroom();
-        if headroom < 1.0 && self.store.flush_sorting() {
-            std::thread::sleep(MAX_YIELD.mul_f64(1.0 - headroom));
-        }
     }
 
     fn control(&mut self) {

@@ -226,7 +226,9 @@ impl<I: Io> Store<I> {
         if self.flush.is_none() && !self.frozen.is_empty() {
             self.start_flush();
         }
-        if self.flush.is_some() {
+        let paced = self.pacer.allows();
+        let t = Instant::now();
+        if self.flush.is_some() && paced {
             self.step_flush();
         }
         // Not while a memtable waits for its flush: its segment may fall
@@ -235,8 +237,11 @@ impl<I: Io> Store<I> {
         if self.compact.is_none() && self.flush.is_none() && self.frozen.is_empty() {
             self.maybe_start_compaction();
         }
-        if self.compact.is_some() {
+        if self.compact.is_some() && paced {
             self.step_compaction();
+        }
+        if paced {
+            self.pacer.spent(t.elapsed());
         }
         self.step_checkpoints();
         self.step_markers();
@@ -298,9 +303,7 @@ impl<I: Io> Store<I> {
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
             && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| {
-                // (Not while the sort runs elsewhere: the shard would spin
-                // on the core the sort needs.)
-                !j.syncing && matches!(j.order, FlushOrder::Sorted(..)) && j.writer.write_room()
+                !j.syncing && (matches!(j.order, FlushOrder::Sorting(_)) || j.writer.write_room())
             }) || self.compact.as_ref().is_some_and(|j| {
                 // Every input has its block, or none waits for a read (it
                 // is finished, or the step issues its read).

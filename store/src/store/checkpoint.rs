@@ -448,6 +448,14 @@ impl<I: Io> Store<I> {
         }
     }
 
+    /// Whether a checkpoint waits for a flush to land.
+    pub(super) fn checkpoint_awaits_flush(&self) -> bool {
+        self.ckpt
+            .pending
+            .iter()
+            .any(|(_, p)| p.phase == Phase::Flushing && !p.waiting.is_empty())
+    }
+
     /// Whether a checkpoint's manifest write can start (or an upload it
     /// waits for finished).
     pub(super) fn checkpoint_runnable(&self) -> bool {

@@ -1,10 +1,13 @@
-//! Flush: a frozen memtable sorted (on a helper thread when large, see
-//! `crate::sorted`) and written into a segment in time-bounded steps.
-
-use std::sync::mpsc::TryRecvError;
+//! Flush: a frozen memtable sorted (see `crate::sorted`) and written into
+//! a segment, both in time-bounded steps paced against the caller's
+//! requests (see `crate::pace`).
 
 use super::*;
 use crate::sorted;
+
+/// Units of sorting work (`sorted::Sort::step`) between looks at the
+/// clock: tens of microseconds.
+const SORT_UNITS: usize = 256;
 
 impl<I: Io> Store<I> {
     pub(super) fn start_flush(&mut self) {
@@ -31,14 +34,8 @@ impl<I: Io> Store<I> {
         // Every record is written, even those a mask hides: reads apply
         // masks by order, and a checkpoint taken before the mask was added
         // needs them; compaction drops them.
-        let order = if mem.len() <= sorted::INLINE_MAX_KEYS {
-            FlushOrder::Sorted(sorted::sorted_live(&mem), 0)
-        } else {
-            match sorted::sort_on_thread(&mem) {
-                Some(rx) => FlushOrder::Sorting(rx),
-                None => FlushOrder::Sorted(sorted::sorted_live(&mem), 0),
-            }
-        };
+        let buffers = std::mem::take(&mut self.sort_buffers);
+        let order = FlushOrder::Sorting(Box::new(sorted::Sort::new(&mem, buffers)));
         // Nothing older exists: tombstones have nothing to hide.
         let bottom = self.segments.is_empty();
         let id = self.next_segment_id;
@@ -81,21 +78,18 @@ impl<I: Io> Store<I> {
         if let Some(e) = j.writer.error.clone() {
             return self.abandon_flush(e);
         }
-        // The sort runs on a helper thread (see `sorted`); the shard
-        // looks for its answer each step.
+        // The sort takes steps of the same bound first (see `sorted`).
         let (addrs, next) = match &mut j.order {
-            FlushOrder::Sorting(rx) => match rx.try_recv() {
-                Ok(addrs) => {
-                    j.order = FlushOrder::Sorted(addrs, 0);
-                    return;
+            FlushOrder::Sorting(sort) => {
+                while !sort.step(&j.mem, SORT_UNITS) {
+                    if Instant::now() >= deadline {
+                        return;
+                    }
                 }
-                Err(TryRecvError::Empty) => return,
-                Err(TryRecvError::Disconnected) => {
-                    return self.abandon_flush(StoreError::Invalid(
-                        "the flush's sort thread ended without an answer",
-                    ));
-                }
-            },
+                let sorted = sort.take_sorted();
+                j.order = FlushOrder::Sorted(sorted, 0);
+                return;
+            }
             FlushOrder::Sorted(addrs, next) => (addrs, next),
         };
         // Write `work` records a step (waiting while the disk has the
@@ -105,7 +99,7 @@ impl<I: Io> Store<I> {
             if !j.writer.write_room() || out_of_time(i, deadline) {
                 return;
             }
-            let Some(&addr) = addrs.get(*next) else {
+            let Some(addr) = addrs.get(*next) else {
                 // Then the filter, in steps of the same bound (a random
                 // write per key).
                 if !j.writer.fill_filter(work * 4) {
@@ -115,7 +109,7 @@ impl<I: Io> Store<I> {
                 j.syncing = true;
                 return self.maybe_sync_flush();
             };
-            if let Some(&a) = addrs.get(*next + AHEAD) {
+            if let Some(a) = addrs.get(*next + AHEAD) {
                 j.mem.prefetch_record(a);
             }
             *next += 1;
@@ -153,6 +147,9 @@ impl<I: Io> Store<I> {
         }
         let j = self.flush.take().expect("checked above");
         let order = self.frozen.last().expect("a flush has a frozen memtable").0;
+        if let FlushOrder::Sorted(sorted, _) = j.order {
+            self.sort_buffers = sorted.into_buffers();
+        }
         let seg = Rc::new(j.writer.into_segment(j.id));
         // Newest first by order: a restore can have placed newer layers.
         let pos = self
@@ -175,8 +172,7 @@ impl<I: Io> Store<I> {
         // worker zeroing pages took 11 % of the shard's core under
         // sustained puts.
         let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
-        let keep = (2 * self.cfg.memtable_bytes())
-            .saturating_sub(frozen + self.active.log_bytes());
+        let keep = (2 * self.cfg.memtable_bytes()).saturating_sub(frozen + self.active.log_bytes());
         crate::reuse::release(done, &self.reuse, keep);
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);

@@ -45,10 +45,10 @@ use slab::Slab;
 
 use crate::aligned::{ALIGN, AlignedBuf};
 use crate::bloom;
-use crate::hugemem::HugeArray;
 use crate::cache::{Block, BlockCache};
 use crate::error::StoreError;
 use crate::format::{self, Kind};
+use crate::hugemem::HugeArray;
 use crate::io::{Io, IoCompletion, OpenMode};
 use crate::keys;
 use crate::manifest::{Clip, Region};
@@ -376,10 +376,10 @@ struct FlushJob {
 
 /// The records a flush writes, in key order.
 enum FlushOrder {
-    /// Being sorted on a helper thread.
-    Sorting(std::sync::mpsc::Receiver<Vec<u64>>),
+    /// Being sorted, in steps (see `crate::sorted`).
+    Sorting(Box<crate::sorted::Sort>),
     /// Sorted; the records from the index on are still to be written.
-    Sorted(Vec<u64>, usize),
+    Sorted(crate::sorted::Sorted, usize),
 }
 
 struct CompactJob {
@@ -456,11 +456,15 @@ pub struct Store<I: Io> {
     stalled_since: Option<Instant>,
     /// Unlinks issued and not completed.
     unlinks: usize,
+    /// The last flush's sort memory, for the next (see `crate::sorted`).
+    sort_buffers: crate::sorted::Buffers,
     /// The next memtable's index, made ahead of the first freeze (see
     /// `Store::after_write`).
     next_index: Option<HugeArray<u64>>,
     /// Whether the active memtable's `after_write` looked for one.
     next_index_looked: bool,
+    /// The shard's time background steps may take (see `crate::pace`).
+    pacer: crate::pace::Pacer,
     stats: StoreStats,
     completions: Vec<IoCompletion>,
     /// Holds what an immediate `Output` borrows.
@@ -917,6 +921,8 @@ impl<I: Io> Store<I> {
             next_segment_id: next_id,
             retry_at: None,
             stalled_since: None,
+            pacer: Default::default(),
+            sort_buffers: Default::default(),
             unlinks: 0,
             next_index: None,
             next_index_looked: false,
@@ -1024,6 +1030,7 @@ impl<I: Io> Store<I> {
             .as_ref()
             .map_or(0, |j| writer + j.mem.len() * crate::sorted::BYTES_PER_KEY);
         flush
+            + self.sort_buffers.bytes()
             + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
             + self.exports.iter().map(|(_, e)| e.reserve).sum::<usize>()
             + self.imports.iter().map(|(_, i)| i.reserve()).sum::<usize>()
@@ -1107,21 +1114,39 @@ impl<I: Io> Store<I> {
         2 * (self.cfg.memtable_bytes().next_multiple_of(CHUNK) + index) + (SPARES_AHEAD + 1) * CHUNK
     }
 
+    /// The caller spent `busy` on requests since its last `poll`: flush
+    /// and compaction steps are paced to a share of it (see `crate::pace`).
+    /// A caller that never says lets them run at every poll.
+    pub fn note_foreground(&mut self, busy: Duration) {
+        let cap = 2 * self.cfg.background_slice;
+        self.pacer.foreground(busy, self.background_share(), cap);
+    }
+
+    /// The share of the caller's time flushes and compactions take: a
+    /// quarter while writes have at least half a memtable of room (a
+    /// flush's sort and writes take about that of a full core at full
+    /// write speed, measured in benches/RESULTS.md), all of it as the room
+    /// runs out; at least half while a checkpoint waits for a flush (the
+    /// engine's barrier waits for it).
+    fn background_share(&self) -> f64 {
+        const BASE: f64 = 0.25;
+        const AWAITED: f64 = 0.5;
+        const FROM: f64 = 0.5;
+        let short = ((FROM - self.headroom()) / FROM).clamp(0.0, 1.0);
+        let share = BASE + (1.0 - BASE) * short;
+        if self.checkpoint_awaits_flush() {
+            share.max(AWAITED)
+        } else {
+            share
+        }
+    }
+
     /// When a flush or compaction step must end: `background_slice` from
     /// now, up to five times that as writes run out of room (a flush that
     /// falls behind gets more of the shard).
     fn step_deadline(&self) -> Instant {
         let stretch = 1.0 + 4.0 * (1.0 - self.headroom());
         Instant::now() + self.cfg.background_slice.mul_f64(stretch)
-    }
-
-    /// Whether the flush in progress waits for its sort on a helper
-    /// thread (see `crate::sorted`): a caller that can spare time lets
-    /// that thread have the core.
-    pub fn flush_sorting(&self) -> bool {
-        self.flush
-            .as_ref()
-            .is_some_and(|j| matches!(j.order, FlushOrder::Sorting(_)))
     }
 
     /// Counters.
