@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// what a writer at full speed costs its shard's readers.
     #[arg(long)]
     beside_writer: bool,
+    /// Start statord with `prefault_memory = true` (its memtables' memory
+    /// faulted in at start).
+    #[arg(long)]
+    prefault_memory: bool,
 }
 
 /// Arguments of the hidden daemon process.
@@ -84,6 +88,8 @@ pub struct DaemonArgs {
     spin_us: u64,
     #[arg(long)]
     cpu: Option<usize>,
+    #[arg(long)]
+    prefault_memory: bool,
 }
 
 pub(crate) fn pin(cpu: usize) {
@@ -109,6 +115,7 @@ pub fn daemon_main(a: DaemonArgs) {
         memory_budget_mib: a.budget_mib,
         memtable_mib: a.memtable_mib,
         spin_us: a.spin_us,
+        prefault_memory: a.prefault_memory,
         ..Default::default()
     };
     cfg.session.max_entries = 1 << 17;
@@ -132,6 +139,7 @@ impl DaemonProc {
         budget_mib: u64,
         memtable_mib: u64,
         spin_us: u64,
+        prefault_memory: bool,
     ) -> DaemonProc {
         let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
         cmd.arg("__statord")
@@ -139,6 +147,7 @@ impl DaemonProc {
             .args(["--budget-mib", &budget_mib.to_string()])
             .args(["--memtable-mib", &memtable_mib.to_string()])
             .args(["--spin-us", &spin_us.to_string()])
+            .args(prefault_memory.then_some("--prefault-memory"))
             .env("STATOR_LOG", "warn");
         if cores() >= 2 {
             cmd.args(["--cpu", "1"]);
@@ -444,6 +453,7 @@ pub fn run(a: ServeArgs) {
         json!({"keys": n, "value_bytes": a.value_bytes, "sessions": a.sessions, "put_percent": a.put_percent,
                "seconds_per_point": secs, "depths": depths, "daemon_spin_us": a.spin_us,
                "budget_mib": budget_mib, "memtable_mib": memtable_mib, "quick": a.quick,
+               "prefault_memory": a.prefault_memory,
                "pinned": cores() >= 2}),
     );
     let dir = tempfile::Builder::new()
@@ -453,7 +463,13 @@ pub fn run(a: ServeArgs) {
         )
         .expect("bench dir");
     let vals: Vec<Vec<u8>> = (0..256).map(|i| value(i, a.value_bytes)).collect();
-    let d = DaemonProc::start(dir.path(), budget_mib, memtable_mib, a.spin_us);
+    let d = DaemonProc::start(
+        dir.path(),
+        budget_mib,
+        memtable_mib,
+        a.spin_us,
+        a.prefault_memory,
+    );
     if cores() >= 2 {
         pin(0);
     }

@@ -23,6 +23,11 @@ pub struct Config {
     /// the shard's budget, 4..=256 MiB). Two memtables and 4 MiB of block
     /// cache must fit in the shard's budget.
     pub memtable_mib: u64,
+    /// Fault in each shard's memtable memory (two memtables and their
+    /// indexes) at start, so that writes right after a start run as fast
+    /// as later ones; the start takes longer and the memory is held from
+    /// it (see `stator_store::StoreConfig::prefault_memory`).
+    pub prefault_memory: bool,
     /// Uids allowed to open sessions; empty = the daemon's own (effective) uid.
     pub allowed_uids: Vec<u32>,
     /// How long an idle shard spins before it sleeps, microseconds.
@@ -188,6 +193,7 @@ impl Default for Config {
             shards: 0,
             memory_budget_mib: 0,
             memtable_mib: 0,
+            prefault_memory: false,
             allowed_uids: Vec::new(),
             spin_us: 50,
             max_sessions: 1024,
@@ -272,6 +278,10 @@ impl Config {
                 self.memory_budget_mib != new.memory_budget_mib,
             ),
             ("memtable_mib", self.memtable_mib != new.memtable_mib),
+            (
+                "prefault_memory",
+                self.prefault_memory != new.prefault_memory,
+            ),
             (
                 "retained_checkpoints",
                 self.retained_checkpoints != new.retained_checkpoints,
@@ -480,6 +490,7 @@ impl Config {
             c.memtable_bytes = Some((self.memtable_mib << 20) as usize);
         }
         c.retained_checkpoints = self.retained_checkpoints;
+        c.prefault_memory = self.prefault_memory;
         c.checkpoint_layer_limit = self.checkpoint_layer_limit;
         c
     }

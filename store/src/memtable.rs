@@ -150,6 +150,11 @@ impl Memtable {
         (chunks, slots)
     }
 
+    /// Faults in the index's pages now (see `HugeArray::populate`).
+    pub fn populate_index(&mut self) {
+        self.slots.populate();
+    }
+
     /// The index's memory range (to prefault a new memtable's index).
     pub fn index_range(&self) -> (usize, usize) {
         (self.slots.as_ptr() as usize, self.slots.len() * 8)

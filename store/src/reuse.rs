@@ -49,6 +49,17 @@ impl Reuse {
         }
     }
 
+    /// Fills the pool with chunks faulted in now, on this thread (see
+    /// `StoreConfig::prefault_memory`).
+    pub fn fill(&self) {
+        let mut kept = lock(&self.chunks);
+        while kept.len() < self.max_chunks {
+            let mut c = HugeArray::zeroed(CHUNK);
+            c.populate();
+            kept.push(c);
+        }
+    }
+
     /// A log chunk, faulted in and ready to append to.
     pub fn take_chunk(&self) -> Option<HugeArray<u8>> {
         lock(&self.chunks).pop()

@@ -640,3 +640,42 @@ fn flush_steps_are_paced_to_the_callers_request_time() {
         "paced flush took {paced} polls, unpaced {free}"
     );
 }
+
+/// `prefault_memory` faults in two memtables' worth of log chunks and
+/// the next memtable's index at open (counted as memtable memory, within
+/// the budget), and the store works as without it, across freezes.
+#[test]
+fn prefaulted_memory_is_counted_and_the_store_works_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(8 << 20);
+    cfg.prefault_memory = true;
+    let (mut s, _) = Store::open(cfg.clone(), SyncIo::new(false)).unwrap();
+    let m = s.memory();
+    assert!(
+        m.memtables >= 2 * (8 << 20),
+        "{} bytes of memtables after a prefaulting open",
+        m.memtables
+    );
+    assert!(m.memtables + m.block_cache + m.background <= 64 << 20);
+    let key = |i: u32| i.wrapping_mul(2_654_435_761).to_be_bytes();
+    for i in 0u32..200_000 {
+        run(
+            &mut s,
+            Op::Put(k((i % 61) as u16, &key(i)), &[i as u8; 100]),
+        )
+        .unwrap();
+    }
+    s.settle();
+    assert!(
+        s.stats().flushes >= 2,
+        "the memtables were frozen and flushed"
+    );
+    for i in (0u32..200_000).step_by(997) {
+        assert_eq!(
+            run(&mut s, Op::Get(k((i % 61) as u16, &key(i)))).unwrap(),
+            Owned::Value(Some(vec![i as u8; 100])),
+            "key {i}"
+        );
+    }
+}

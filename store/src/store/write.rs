@@ -197,6 +197,18 @@ impl<I: Io> Store<I> {
         self.next_index = Some(index);
     }
 
+    /// See `StoreConfig::prefault_memory`: the active memtable's index,
+    /// the next one's, and two memtables' worth of log chunks in the pool
+    /// (within the memory plan: two memtables and their indexes).
+    pub(super) fn prefault_memory(&mut self) {
+        self.active.populate_index();
+        self.reuse.fill();
+        let mut next = HugeArray::zeroed(Memtable::index_len(initial_entries(&self.cfg)));
+        next.populate();
+        self.next_index = Some(next);
+        self.next_index_looked = true;
+    }
+
     pub(super) fn freeze(&mut self) {
         if self.active.is_empty() {
             return;
