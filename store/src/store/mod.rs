@@ -1141,14 +1141,15 @@ impl<I: Io> Store<I> {
     /// flush's sort and writes take about that of a full core at full
     /// write speed, measured in benches/RESULTS.md), all of it as the room
     /// runs out; at least half while a checkpoint waits for a flush (the
-    /// engine's barrier waits for it).
+    /// engine's barrier waits for it) or checkpoints wait for compaction
+    /// (see [`Store::checkpoint_should_wait`]).
     fn background_share(&self) -> f64 {
         const BASE: f64 = 0.25;
         const AWAITED: f64 = 0.5;
         const FROM: f64 = 0.5;
         let short = ((FROM - self.headroom()) / FROM).clamp(0.0, 1.0);
         let share = BASE + (1.0 - BASE) * short;
-        if self.checkpoint_awaits_flush() {
+        if self.checkpoint_awaits_flush() || self.checkpoint_should_wait() {
             share.max(AWAITED)
         } else {
             share
