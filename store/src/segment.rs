@@ -483,8 +483,7 @@ impl SegmentWriter {
         let at = self.buf.len();
         self.block.finish_into(&mut self.buf);
         if let Some(sealed) = &mut self.sealed {
-            let mut copy = AlignedBuf::with_capacity(len);
-            copy.extend_from_slice(&self.buf[at..]);
+            let copy = AlignedBuf::copy_of(&self.buf[at..]);
             sealed.push((self.index.len() as u32 - 1, copy));
         }
         if self.buf.len() >= WRITE_CHUNK {

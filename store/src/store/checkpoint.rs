@@ -553,8 +553,7 @@ impl<I: Io> Store<I> {
             Ok(f) => {
                 p.file = Some(f);
                 p.phase = Phase::Writing;
-                let mut buf = AlignedBuf::with_capacity(bytes.len());
-                buf.extend_from_slice(&bytes);
+                let buf = AlignedBuf::copy_of(&bytes);
                 self.io.write(f, 0, buf, tag(TAG_CKPT_WRITE, k as u64));
             }
             Err(e) => self.fail_checkpoint(k, StoreError::io(&path, "create", &e)),

@@ -451,8 +451,7 @@ impl Tier {
                             && self.uploaded.contains(&*name)
                         {
                             self.admitted += b.len() as u64;
-                            let mut copy = AlignedBuf::with_capacity(b.len());
-                            copy.extend_from_slice(&b);
+                            let copy = AlignedBuf::copy_of(&b);
                             self.writebacks.push(WriteBack {
                                 name,
                                 off,
