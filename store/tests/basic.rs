@@ -679,3 +679,32 @@ fn prefaulted_memory_is_counted_and_the_store_works_on_it() {
         );
     }
 }
+
+/// A drain right after busy passes (a shutdown under load) is not paced:
+/// the time the last passes left owing never holds its flush back.
+#[test]
+fn a_drain_after_busy_passes_finishes_its_flush() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
+        cfg.memtable_bytes = Some(64 << 20);
+        let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+        for i in 0u32..100_000 {
+            let kb = i.wrapping_mul(2_654_435_761).to_be_bytes();
+            run(&mut s, Op::Put(k((i % 61) as u16, &kb), &[7; 100])).unwrap();
+        }
+        s.flush();
+        // Busy passes that earn less than the steps they let run.
+        for _ in 0..50 {
+            s.note_foreground(std::time::Duration::from_micros(1));
+            s.poll(|_, _| {});
+        }
+        s.settle();
+        let _ = tx.send(s.stats().flushes);
+    });
+    let flushes = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the drain never finished: its flush was held back");
+    assert_eq!(flushes, 1);
+}

@@ -56,6 +56,10 @@ impl<I: Io> Store<I> {
         background: bool,
         mut on_done: impl FnMut(u64, Result<Output<'_>, StoreError>),
     ) {
+        // No request is served while draining: background steps are not
+        // paced (a pacer left owing time by the last busy pass would
+        // otherwise never let a shutdown's flush step again).
+        self.note_foreground(Duration::ZERO);
         loop {
             self.poll(&mut on_done);
             let idle = self.pending() == 0 && (!background || !self.busy());
