@@ -3,9 +3,9 @@
 //!
 //! On a host whose cores are all busy serving requests, a helper that
 //! competed with them as an equal would take whole scheduler ticks (4 ms
-//! here) from a shard at a time; at nice 10 it mostly runs in the gaps,
-//! and when the shard stalls writes for it (see
-//! [`crate::Store::write_headroom`]) it has the core.
+//! here) from a shard at a time; at nice 10 it mostly runs in the gaps.
+//! Work that must keep pace with writes (a flush's sort) runs on the
+//! shard in bounded steps instead (see `crate::sorted`).
 
 /// Runs `f` on a new thread named `name` at nice 10. False if no thread
 /// could be started (the caller then does the work itself, or not at

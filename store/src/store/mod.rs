@@ -1056,8 +1056,9 @@ impl<I: Io> Store<I> {
     /// it), which is all the memory budget plans for them. The store never
     /// refuses a write for this. Its caller takes requests in proportion
     /// (a client then sees its queue fill a little at a time) and none at
-    /// 0.0, and keeps polling, so the flush, off the caller's thread where
-    /// it can be, catches up: writes slow down smoothly instead of
+    /// 0.0, and keeps polling, so the flush, whose share of the caller's
+    /// time grows as the room falls (`crate::pace`), catches up: writes
+    /// slow down smoothly instead of
     /// stopping at once. Each stop (0.0) is counted and timed in
     /// [`StoreStats`]. While background work fails (a full disk) it stays
     /// 1.0: writes then go on until the memtables pass the whole budget
