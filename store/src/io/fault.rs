@@ -121,13 +121,8 @@ impl<I: Io> FaultIo<I> {
     }
 
     fn fail(&mut self, token: u64, buf: Option<AlignedBuf>, errno: i32) {
-        self.done.push_back(IoCompletion {
-            token,
-            buf,
-            result: Err(errno),
-            remote_error: None,
-            remote_block: None,
-        });
+        self.done
+            .push_back(IoCompletion::local(token, buf, Err(errno)));
     }
 }
 
@@ -221,13 +216,8 @@ impl<I: Io> Io for FaultIo<I> {
                 let c = out.swap_remove(i);
                 if let Some((token, buf)) = self.torn.remove(&t) {
                     drop(c);
-                    self.done.push_back(IoCompletion {
-                        token,
-                        buf: Some(buf),
-                        result: Err(libc::EIO),
-                        remote_error: None,
-                        remote_block: None,
-                    });
+                    self.done
+                        .push_back(IoCompletion::local(token, Some(buf), Err(libc::EIO)));
                 }
                 continue;
             }

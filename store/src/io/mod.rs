@@ -55,15 +55,24 @@ pub struct IoCompletion {
 }
 
 impl IoCompletion {
-    /// A placeholder left where a completion was taken from a batch.
-    pub(crate) fn taken() -> IoCompletion {
+    /// The completion of a local operation (no remote tier involved).
+    pub(crate) fn local(
+        token: u64,
+        buf: Option<AlignedBuf>,
+        result: Result<usize, i32>,
+    ) -> IoCompletion {
         IoCompletion {
-            token: 0,
-            buf: None,
-            result: Ok(0),
+            token,
+            buf,
+            result,
             remote_error: None,
             remote_block: None,
         }
+    }
+
+    /// A placeholder left where a completion was taken from a batch.
+    pub(crate) fn taken() -> IoCompletion {
+        IoCompletion::local(0, None, Ok(0))
     }
 }
 

@@ -89,13 +89,8 @@ impl Io for SyncIo {
             None => Err(libc::EBADF),
             Some(file) => read_full(file, offset, &mut buf),
         };
-        self.done.push_back(IoCompletion {
-            token,
-            buf: Some(buf),
-            result,
-            remote_error: None,
-            remote_block: None,
-        });
+        self.done
+            .push_back(IoCompletion::local(token, Some(buf), result));
     }
 
     fn write(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64) {
@@ -103,13 +98,8 @@ impl Io for SyncIo {
             None => Err(libc::EBADF),
             Some(file) => write_full(file, offset, &buf),
         };
-        self.done.push_back(IoCompletion {
-            token,
-            buf: Some(buf),
-            result,
-            remote_error: None,
-            remote_block: None,
-        });
+        self.done
+            .push_back(IoCompletion::local(token, Some(buf), result));
     }
 
     fn fsync(&mut self, f: FileId, token: u64) {
@@ -117,26 +107,16 @@ impl Io for SyncIo {
             None => Err(libc::EBADF),
             Some(file) => file.sync_all().map(|_| 0).map_err(|e| errno_of(&e)),
         };
-        self.done.push_back(IoCompletion {
-            token,
-            buf: None,
-            result,
-            remote_error: None,
-            remote_block: None,
-        });
+        self.done
+            .push_back(IoCompletion::local(token, None, result));
     }
 
     fn unlink(&mut self, path: &Path, token: u64) {
         let result = std::fs::remove_file(path)
             .map(|_| 0)
             .map_err(|e| errno_of(&e));
-        self.done.push_back(IoCompletion {
-            token,
-            buf: None,
-            result,
-            remote_error: None,
-            remote_block: None,
-        });
+        self.done
+            .push_back(IoCompletion::local(token, None, result));
     }
 
     fn submit(&mut self) -> IoResult<()> {

@@ -242,13 +242,8 @@ impl UringIo {
         }
         let Some(fe) = self.files.get(op.file as usize) else {
             let op = self.ops.remove(idx);
-            self.done.push_back(IoCompletion {
-                token: op.token,
-                buf: op.buf,
-                result: Err(libc::EBADF),
-                remote_error: None,
-                remote_block: None,
-            });
+            self.done
+                .push_back(IoCompletion::local(op.token, op.buf, Err(libc::EBADF)));
             return true;
         };
         let fd = types::Fd(fe.file.as_raw_fd());
@@ -312,13 +307,8 @@ impl UringIo {
                 self.files.remove(op.file as usize);
             }
         }
-        self.done.push_back(IoCompletion {
-            token: op.token,
-            buf: op.buf,
-            result,
-            remote_error: None,
-            remote_block: None,
-        });
+        self.done
+            .push_back(IoCompletion::local(op.token, op.buf, result));
     }
 
     /// Whether `submit` leaves the SQ's entries for a later one: while the
@@ -521,13 +511,9 @@ impl Io for UringIo {
 
     fn unlink(&mut self, path: &Path, token: u64) {
         let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-            return self.done.push_back(IoCompletion {
-                token,
-                buf: None,
-                result: Err(libc::EINVAL),
-                remote_error: None,
-                remote_block: None,
-            });
+            return self
+                .done
+                .push_back(IoCompletion::local(token, None, Err(libc::EINVAL)));
         };
         let i = self.paths.insert(c);
         self.enqueue(Op {
