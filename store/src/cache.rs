@@ -316,6 +316,11 @@ impl BlockCache {
         self.bytes + self.spare_bytes + self.lent
     }
 
+    /// The budget (see [`BlockCache::set_budget`]).
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// Sets the budget. A smaller one is reached in steps of at most
     /// [`EVICT_STEP`] blocks, this call's and each [`BlockCache::trim`]'s
     /// after it: freeing hundreds of megabytes of blocks at once (a

@@ -19,15 +19,16 @@ use std::time::Duration;
 pub(crate) struct Pacer {
     /// Nanoseconds background steps may still take (negative: owed).
     credit: f64,
-    /// The caller spent no time on requests lately (or never says).
-    idle: bool,
+    /// Steps run freely: the caller spent no time on requests lately
+    /// (or never says), or writes have no room left.
+    unpaced: bool,
 }
 
 impl Default for Pacer {
     fn default() -> Pacer {
         Pacer {
             credit: 0.0,
-            idle: true,
+            unpaced: true,
         }
     }
 }
@@ -36,9 +37,9 @@ impl Pacer {
     /// The caller spent `busy` on requests; background work is owed
     /// `share` of the time (0.0 to 1.0), holding at most `cap` in hand.
     pub(crate) fn foreground(&mut self, busy: Duration, share: f64, cap: Duration) {
-        self.idle = busy.is_zero();
+        self.unpaced = busy.is_zero();
         if share >= 1.0 {
-            self.idle = true;
+            self.unpaced = true;
             return;
         }
         let earned = busy.as_nanos() as f64 * share / (1.0 - share);
@@ -47,13 +48,13 @@ impl Pacer {
 
     /// Whether a background step may run now.
     pub(crate) fn allows(&self) -> bool {
-        self.idle || self.credit > 0.0
+        self.unpaced || self.credit > 0.0
     }
 
     /// A background step took `d`.
     pub(crate) fn spent(&mut self, d: Duration) {
         // What steps take while no request waits is not owed later.
-        if !self.idle {
+        if !self.unpaced {
             self.credit -= d.as_nanos() as f64;
         }
     }

@@ -65,12 +65,12 @@ impl Reuse {
         lock(&self.chunks).pop()
     }
 
-    /// A zeroed index of exactly `len` slots.
     /// Whether an index of `len` slots is kept.
     pub fn has_index(&self, len: usize) -> bool {
         lock(&self.index).as_ref().is_some_and(|i| i.len() == len)
     }
 
+    /// A zeroed index of exactly `len` slots.
     pub fn take_index(&self, len: usize) -> Option<HugeArray<u64>> {
         let mut ix = lock(&self.index);
         if ix.as_ref().is_some_and(|i| i.len() == len) {
@@ -99,6 +99,11 @@ impl Reuse {
         if ix.as_ref().is_none_or(|i| i.len() <= index.len()) {
             *ix = Some(index);
         }
+    }
+
+    /// Bytes of log chunks held (what the active memtable grows into).
+    pub fn chunk_bytes(&self) -> usize {
+        lock(&self.chunks).len() * CHUNK
     }
 
     /// Bytes held, and on their way here.

@@ -28,10 +28,6 @@ use crate::memtable::Memtable;
 /// Key bytes one round compares.
 pub const WINDOW: usize = 23;
 
-/// Bytes of memory a sort holds per live key while it runs: its entries
-/// and the radix passes' second buffer.
-pub const BYTES_PER_KEY: usize = 2 * std::mem::size_of::<Entry>();
-
 /// Radix digits (bytes) of a window.
 const DIGITS: usize = WINDOW + 1;
 
@@ -139,8 +135,13 @@ pub struct Buffers {
 impl Buffers {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        (self.a.capacity() + self.b.capacity()) * std::mem::size_of::<Entry>()
+        bytes_of(&self.a, &self.b)
     }
+}
+
+/// Bytes two entry buffers hold (their capacity: what was allocated).
+fn bytes_of(a: &Vec<Entry>, b: &Vec<Entry>) -> usize {
+    (a.capacity() + b.capacity()) * std::mem::size_of::<Entry>()
 }
 
 impl Sorted {
@@ -160,8 +161,18 @@ impl Sorted {
         self.order.is_empty()
     }
 
-    /// The memory, for the next sort.
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        bytes_of(&self.order, &self.spare)
+    }
+
+    /// The memory, for the next sort: none if it is more than twice what
+    /// this sort needed (kept buffers never hold more than that, and
+    /// shrinking them in place would copy them on the shard).
     pub fn into_buffers(self) -> Buffers {
+        if self.order.capacity() > 2 * self.order.len().max(1 << 12) {
+            return Buffers::default();
+        }
         Buffers {
             a: self.order,
             b: self.spare,
@@ -211,6 +222,12 @@ impl Sort {
             };
         }
         matches!(self.phase, Phase::Done)
+    }
+
+    /// Bytes held (the entries and the passes' second buffer: 64 per
+    /// live key).
+    pub fn bytes(&self) -> usize {
+        bytes_of(&self.a, &self.b)
     }
 
     /// The order, once [`Sort::step`] said it is done.
@@ -267,7 +284,7 @@ impl Sort {
     }
 
     fn load(&mut self, mem: &Memtable, job: Job, pos: usize, left: usize) -> usize {
-        let end = job.hi.min(pos + left);
+        let end = job.hi.min(pos.saturating_add(left));
         for i in pos..end {
             if let Some(e) = self.a.get(i + AHEAD).filter(|_| i + AHEAD < job.hi) {
                 mem.prefetch_key(e.addr);
@@ -328,7 +345,7 @@ impl Sort {
 
     fn pass(&mut self, job: Job, pass: usize, pos: usize, in_b: bool, left: usize) -> usize {
         let d = self.digits[pass];
-        let end = job.hi.min(pos + left);
+        let end = job.hi.min(pos.saturating_add(left));
         let (from, to) = if in_b {
             (&self.b, &mut self.a)
         } else {
@@ -353,7 +370,7 @@ impl Sort {
     }
 
     fn copy_back(&mut self, job: Job, pos: usize, left: usize) -> usize {
-        let end = job.hi.min(pos + left);
+        let end = job.hi.min(pos.saturating_add(left));
         self.a[pos..end].copy_from_slice(&self.b[pos..end]);
         self.phase = if end < job.hi {
             Phase::CopyBack { job, pos: end }
@@ -368,7 +385,7 @@ impl Sort {
     }
 
     fn ties(&mut self, job: Job, pos: usize, run: usize, left: usize) -> usize {
-        let end = job.hi.min(pos + left);
+        let end = job.hi.min(pos.saturating_add(left));
         let mut run = run;
         for i in pos..end {
             if self.a[i].w != self.a[run].w {
@@ -389,6 +406,13 @@ impl Sort {
     /// past it (see the module doc), so the next window orders them.
     fn queue_run(&mut self, lo: usize, hi: usize, offset: usize) {
         if hi - lo > 1 {
+            // Live keys are distinct: a shared window always says more
+            // bytes follow, or the next round would never end.
+            debug_assert_eq!(
+                self.a[lo].digit(WINDOW),
+                WINDOW + 1,
+                "equal keys in one memtable"
+            );
             self.jobs.push(Job {
                 lo,
                 hi,

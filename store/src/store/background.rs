@@ -230,10 +230,11 @@ impl<I: Io> Store<I> {
         if self.flush.is_none() && !self.frozen.is_empty() {
             self.start_flush();
         }
-        let paced = self.pacer.allows();
-        let t = Instant::now();
-        if self.flush.is_some() && paced {
+        // (The clock is read only around a step that runs.)
+        if self.flush.is_some() && self.pacer.allows() {
+            let t = Instant::now();
             self.step_flush();
+            self.pacer.spent(t.elapsed());
         }
         // Not while a memtable waits for its flush: its segment may fall
         // between a window's inputs in order (restored layers are newer
@@ -241,10 +242,9 @@ impl<I: Io> Store<I> {
         if self.compact.is_none() && self.flush.is_none() && self.frozen.is_empty() {
             self.maybe_start_compaction();
         }
-        if self.compact.is_some() && paced {
+        if self.compact.is_some() && self.pacer.allows() {
+            let t = Instant::now();
             self.step_compaction();
-        }
-        if paced {
             self.pacer.spent(t.elapsed());
         }
         self.step_checkpoints();
@@ -255,6 +255,14 @@ impl<I: Io> Store<I> {
         if !self.kg_deletes.is_empty() && self.flush.is_none() && self.compact.is_none() {
             self.prune_kg_deletes();
         }
+    }
+
+    /// Removes `path` through the I/O layer (see `Io::unlink`): a large
+    /// file's blocks are freed off the shard. The store stays busy until
+    /// it completes; a failure counts in `StoreStats::delete_failures`.
+    pub(super) fn unlink(&mut self, path: &Path) {
+        self.io.unlink(path, tag(TAG_UNLINK, 0));
+        self.unlinks += 1;
     }
 
     /// Issues an fsync of the store directory (through the I/O layer, so

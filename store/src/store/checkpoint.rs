@@ -689,12 +689,11 @@ impl<I: Io> Store<I> {
         if !live && !writing {
             // Through the I/O layer: a large file's unlink took a shard
             // 264 ms (benches/RESULTS.md).
-            self.io.unlink(&self.cfg.dir.join(name), tag(TAG_UNLINK, 0));
-            self.unlinks += 1;
+            self.unlink(&self.cfg.dir.join(name));
+            if self.tier.is_some() {
+                self.unlink(&self.cfg.dir.join(tier::FETCHED_DIR).join(name));
+            }
             if let Some(t) = self.tier.as_mut() {
-                let fetched = self.cfg.dir.join(tier::FETCHED_DIR).join(name);
-                self.io.unlink(&fetched, tag(TAG_UNLINK, 0));
-                self.unlinks += 1;
                 t.delete(name);
                 if let Some(f) = t.wfds.remove(name) {
                     self.io.close(f);

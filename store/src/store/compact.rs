@@ -340,15 +340,10 @@ impl<I: Io> Store<I> {
     pub(super) fn drop_compaction(&mut self) {
         if let Some(j) = self.compact.take() {
             self.cache.forget_segment(j.id);
-            if j.writer.all_written() || j.writer.error.is_some() {
-                self.io.close(j.writer.file);
-                let _ = std::fs::remove_file(&j.writer.path);
-            } else {
-                // Writes still in flight own buffers; let them finish into a
-                // file that is deleted by name now (the fd keeps it alive).
-                let _ = std::fs::remove_file(&j.writer.path);
-                self.io.close(j.writer.file);
-            }
+            // Writes still in flight own buffers and finish first (a close
+            // waits for them); the name goes off the shard.
+            self.io.close(j.writer.file);
+            self.unlink(&j.writer.path);
         }
     }
 }

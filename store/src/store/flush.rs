@@ -188,7 +188,7 @@ impl<I: Io> Store<I> {
             // (nothing is lost) and a later attempt writes a new file.
             self.cache.forget_segment(j.id);
             self.io.close(j.writer.file);
-            let _ = std::fs::remove_file(&j.writer.path);
+            self.unlink(&j.writer.path);
         }
         self.fail_flush_waiters(&e);
         self.background_failed(e);

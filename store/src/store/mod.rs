@@ -148,7 +148,8 @@ pub struct MemoryUsage {
     pub block_cache: usize,
     pub indexes_and_filters: usize,
     /// Held by a flush or compaction in progress (write buffers, read-ahead,
-    /// the output's index and filter as they grow) and by portable exports
+    /// the output's index and filter as they grow, a flush's sort), the
+    /// last flush's sort buffers kept for the next, and portable exports
     /// and imports (read-ahead, write buffers): an upper estimate.
     pub background: usize,
     pub budget: usize,
@@ -1034,15 +1035,19 @@ impl<I: Io> Store<I> {
     /// [`MemoryUsage::background`]).
     /// Per job: its write buffers (in flight, one filling, the tail), a
     /// filter hash per record (the writer keeps them until the filter is
-    /// built); for a flush its sort (two addresses per record), for a
+    /// built); for a flush its sort (64 bytes per live key, see
+    /// `crate::sorted`, and the last one's kept for the next), for a
     /// compaction its read-ahead and its output's index and filter, twice
     /// (as built, and as encoded by `finish`).
     fn background_bytes(&self) -> usize {
         let writer = (segment::MAX_WRITES_IN_FLIGHT + 2) * (segment::WRITE_CHUNK + 64 * 1024);
-        let flush = self
-            .flush
-            .as_ref()
-            .map_or(0, |j| writer + j.mem.len() * crate::sorted::BYTES_PER_KEY);
+        let flush = self.flush.as_ref().map_or(0, |j| {
+            writer
+                + match &j.order {
+                    FlushOrder::Sorting(s) => s.bytes(),
+                    FlushOrder::Sorted(s, _) => s.bytes(),
+                }
+        });
         flush
             + self.sort_buffers.bytes()
             + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
@@ -1165,6 +1170,12 @@ impl<I: Io> Store<I> {
         Instant::now() + self.cfg.background_slice.mul_f64(stretch)
     }
 
+    /// What the block cache may hold: what the budget leaves after the
+    /// rest of [`Store::memory`] and the active memtable's growth.
+    pub fn cache_budget(&self) -> usize {
+        self.cache.budget()
+    }
+
     /// Counters.
     pub fn stats(&self) -> StoreStats {
         let mut s = self.stats.clone();
@@ -1265,10 +1276,11 @@ impl<I: Io> Store<I> {
         // The active memtable grows to its limit before the next rebalance
         // (at its freeze): the cache leaves room for all of it, so the
         // memtables, the cache and the indexes together stay in budget.
+        // What it grows into from the reuse pool is counted already.
         let growth = self
             .cfg
             .memtable_bytes()
-            .saturating_sub(self.active.log_bytes());
+            .saturating_sub(self.active.log_bytes() + self.reuse.chunk_bytes());
         let others = m.memtables + growth + m.indexes_and_filters + m.background;
         let left = self.cfg.memory_budget.saturating_sub(others);
         self.cache

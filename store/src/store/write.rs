@@ -195,6 +195,7 @@ impl<I: Io> Store<I> {
         let index = HugeArray::zeroed(len);
         self.io.prefault(index.as_ptr() as usize, len * 8);
         self.next_index = Some(index);
+        self.rebalance_cache();
     }
 
     /// See `StoreConfig::prefault_memory`: the active memtable's index,
@@ -207,6 +208,7 @@ impl<I: Io> Store<I> {
         next.populate();
         self.next_index = Some(next);
         self.next_index_looked = true;
+        self.rebalance_cache();
     }
 
     pub(super) fn freeze(&mut self) {
