@@ -59,6 +59,16 @@ impl Bloom {
         }
     }
 
+    /// Starts loading the lines [`Bloom::may_contain`] reads for `h` (a
+    /// block of 64 bytes; the vector is not line-aligned, so two lines).
+    #[inline]
+    pub fn prefetch(&self, h: u64) {
+        let (block, _, _) = self.positions(h);
+        let p = self.words[block..].as_ptr() as *const u8;
+        crate::prefetch::line(p);
+        crate::prefetch::line(p.wrapping_add(63));
+    }
+
     /// False when the key was certainly never inserted.
     #[inline]
     pub fn may_contain(&self, h: u64) -> bool {

@@ -117,6 +117,90 @@ struct Entry {
     referenced: bool,
 }
 
+/// No entry (a [`Slots`] value).
+const NO_ENTRY: u32 = u32::MAX;
+
+/// Which entry holds each cached block: per segment, an array by block
+/// number. Unlike a hash map, the address of a block's slot is known
+/// before it is read, so a batch of reads can load the slots, then the
+/// entries, then the blocks, each step overlapping across the batch
+/// (see `BlockCache::ahead`). A segment's array costs 4 bytes per block up
+/// to the highest one cached, until the segment is forgotten.
+#[derive(Default)]
+struct Slots {
+    by_seg: FxHashMap<u64, Vec<u32>>,
+    len: usize,
+}
+
+impl Slots {
+    #[inline]
+    fn slot(&self, (seg, block): (u64, u32)) -> Option<&u32> {
+        self.by_seg.get(&seg)?.get(block as usize)
+    }
+
+    #[inline]
+    fn get(&self, key: (u64, u32)) -> Option<usize> {
+        self.slot(key)
+            .filter(|&&e| e != NO_ENTRY)
+            .map(|&e| e as usize)
+    }
+
+    fn set(&mut self, (seg, block): (u64, u32), e: usize) {
+        let v = self.by_seg.entry(seg).or_default();
+        if v.len() <= block as usize {
+            v.resize(block as usize + 1, NO_ENTRY);
+        }
+        if v[block as usize] == NO_ENTRY {
+            self.len += 1;
+        }
+        v[block as usize] = u32::try_from(e).expect("fewer than 4 G cached blocks");
+    }
+
+    fn remove(&mut self, (seg, block): (u64, u32)) {
+        if let Some(e) = self
+            .by_seg
+            .get_mut(&seg)
+            .and_then(|v| v.get_mut(block as usize))
+            .filter(|e| **e != NO_ENTRY)
+        {
+            *e = NO_ENTRY;
+            self.len -= 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = ((u64, u32), usize)> + '_ {
+        self.by_seg.iter().flat_map(|(&seg, v)| {
+            v.iter()
+                .enumerate()
+                .filter(|(_, e)| **e != NO_ENTRY)
+                .map(move |(b, &e)| ((seg, b as u32), e as usize))
+        })
+    }
+}
+
+/// Where a batched read stands in loading its cached block, a step per
+/// stage of the batch's pipeline (see [`BlockCache::ahead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ahead {
+    /// Nothing to load (not cached, or not looked for).
+    None,
+    /// The block's slot is loading.
+    Slot(u64, u32),
+    /// Its entry is loading.
+    Entry(u64, u32, u32),
+    /// Its block's first lines are loading.
+    Block(u64, u32, u32),
+}
+
 /// Spare buffers kept at most (see [`BlockCache`]).
 pub const MAX_SPARE: usize = 8;
 
@@ -129,7 +213,7 @@ pub const EVICT_STEP: usize = 256;
 /// own work). They count against its budget like the blocks.
 pub struct BlockCache {
     /// Index of each key's entry.
-    map: FxHashMap<(u64, u32), usize>,
+    map: Slots,
     /// In CLOCK order; holes are reused by inserts, and squeezed out when
     /// they outnumber the entries (a budget shrunk far), so that the hand
     /// does not walk them.
@@ -150,7 +234,7 @@ pub struct BlockCache {
 impl BlockCache {
     pub fn new(budget: usize) -> BlockCache {
         BlockCache {
-            map: FxHashMap::default(),
+            map: Slots::default(),
             entries: Vec::new(),
             free: Vec::new(),
             hand: 0,
@@ -165,15 +249,8 @@ impl BlockCache {
     }
 
     pub fn get(&mut self, seg: u64, block: u32) -> Option<Rc<Block>> {
-        match self.map.get(&(seg, block)) {
-            Some(&i) => {
-                self.hits += 1;
-                let e = self.entries[i]
-                    .as_mut()
-                    .expect("mapped entries are occupied");
-                e.referenced = true;
-                Some(e.block.clone())
-            }
+        match self.map.get((seg, block)) {
+            Some(i) => Some(self.hit(i)),
             None => {
                 self.misses += 1;
                 None
@@ -181,11 +258,77 @@ impl BlockCache {
         }
     }
 
+    fn hit(&mut self, i: usize) -> Rc<Block> {
+        self.hits += 1;
+        let e = self.entries[i]
+            .as_mut()
+            .expect("mapped entries are occupied");
+        e.referenced = true;
+        e.block.clone()
+    }
+
+    /// Starts loading block `block` of `seg` for a read a few steps
+    /// later: the first step of a pipeline a batch of reads runs
+    /// together, each [`BlockCache::advance`] loading the next line the
+    /// lookup needs (slot, entry, the block's header and record table)
+    /// while the batch's other reads go on, and [`BlockCache::take`]
+    /// finishing as [`BlockCache::get`] would.
+    #[inline]
+    pub fn ahead(&self, seg: u64, block: u32) -> Ahead {
+        match self.map.slot((seg, block)) {
+            Some(s) => {
+                crate::prefetch::line((s as *const u32).cast());
+                Ahead::Slot(seg, block)
+            }
+            None => Ahead::None,
+        }
+    }
+
+    /// The next step of [`BlockCache::ahead`].
+    #[inline]
+    pub fn advance(&self, a: Ahead) -> Ahead {
+        match a {
+            Ahead::Slot(seg, block) => match self.map.get((seg, block)) {
+                Some(i) => {
+                    crate::prefetch::value(&self.entries[i], 1);
+                    Ahead::Entry(seg, block, i as u32)
+                }
+                None => Ahead::None,
+            },
+            Ahead::Entry(seg, block, i) => match &self.entries[i as usize] {
+                Some(e) if e.key == (seg, block) => {
+                    crate::prefetch::line(Rc::as_ptr(&e.block).cast());
+                    e.block.prefetch();
+                    Ahead::Block(seg, block, i)
+                }
+                _ => Ahead::None,
+            },
+            Ahead::None | Ahead::Block(..) => a,
+        }
+    }
+
+    /// The block a pipeline loaded (counted as [`BlockCache::get`]
+    /// counts), or `None`: not cached, or not as far as its entry (the
+    /// caller looks it up as usual).
+    #[inline]
+    pub fn take(&mut self, a: Ahead) -> Option<(u64, u32, Rc<Block>)> {
+        match a {
+            Ahead::Entry(seg, block, i) | Ahead::Block(seg, block, i)
+                if self.entries[i as usize]
+                    .as_ref()
+                    .is_some_and(|e| e.key == (seg, block)) =>
+            {
+                Some((seg, block, self.hit(i as usize)))
+            }
+            _ => None,
+        }
+    }
+
     /// A cached block without touching its CLOCK bit or the counters.
     pub fn peek_entry(&self, seg: u64, block: u32) -> Option<Rc<Block>> {
         self.map
-            .get(&(seg, block))
-            .map(|&i| self.entries[i].as_ref().expect("mapped").block.clone())
+            .get((seg, block))
+            .map(|i| self.entries[i].as_ref().expect("mapped").block.clone())
     }
 
     /// Inserts `b` only if it fits without evicting anything.
@@ -196,7 +339,7 @@ impl BlockCache {
     }
 
     pub fn insert(&mut self, seg: u64, block: u32, b: Rc<Block>) {
-        if self.budget == 0 || self.map.contains_key(&(seg, block)) {
+        if self.budget == 0 || self.map.get((seg, block)).is_some() {
             return;
         }
         let size = b.memory_bytes();
@@ -244,7 +387,7 @@ impl BlockCache {
                 self.entries.len() - 1
             }
         };
-        self.map.insert((seg, block), i);
+        self.map.set((seg, block), i);
         self.bytes += size;
     }
 
@@ -279,7 +422,7 @@ impl BlockCache {
     /// Empties slot `i` (occupied) for reuse.
     fn remove_at(&mut self, i: usize) -> Rc<Block> {
         let e = self.entries[i].take().expect("occupied");
-        self.map.remove(&e.key);
+        self.map.remove(e.key);
         self.bytes -= e.block.memory_bytes();
         self.free.push(i);
         e.block
@@ -296,7 +439,7 @@ impl BlockCache {
         self.free.clear();
         for (i, e) in self.entries.iter().enumerate() {
             let key = e.as_ref().expect("retained").key;
-            self.map.insert(key, i);
+            self.map.set(key, i);
         }
         self.hand = before_hand;
     }
@@ -308,6 +451,7 @@ impl BlockCache {
                 self.remove_at(i);
             }
         }
+        self.map.by_seg.remove(&seg);
     }
 
     /// Bytes held: cached blocks, spare buffers and the buffers of reads
@@ -442,6 +586,38 @@ mod tests {
         Rc::new(Block::parse(buf).unwrap())
     }
 
+    /// The staged lookup finds what `get` finds, counts one hit, and
+    /// gives nothing for a block that left the cache between its steps
+    /// (its entry reused by another block) or was never cached.
+    #[test]
+    fn a_staged_lookup_matches_get_and_notices_eviction() {
+        let size = block(0).memory_bytes();
+        let mut c = BlockCache::new(4 * size);
+        for i in 0..4 {
+            c.insert(7, i, block(i));
+        }
+        let run = |c: &mut BlockCache, seg, b| {
+            let a = c.ahead(seg, b);
+            let a = c.advance(a);
+            let a = c.advance(a);
+            c.take(a)
+        };
+        let hits = c.hits;
+        let (seg, b, got) = run(&mut c, 7, 2).expect("cached");
+        assert_eq!((seg, b), (7, 2));
+        assert!(Rc::ptr_eq(&got, &c.peek_entry(7, 2).unwrap()));
+        assert_eq!(c.hits, hits + 1);
+        assert!(run(&mut c, 7, 9).is_none() && run(&mut c, 8, 0).is_none());
+        // Block 1 leaves the cache between the steps (its entry empty or
+        // another block's).
+        let a = c.advance(c.ahead(7, 1));
+        c.forget_segment(7);
+        c.insert(9, 0, block(9));
+        assert!(c.take(c.advance(a)).is_none(), "not block 1 any more");
+        assert!(c.ahead(7, 1) == Ahead::None, "the segment's slots went");
+        consistent(&c);
+    }
+
     #[test]
     fn a_lower_budget_is_reached_in_bounded_steps() {
         let size = block(0).memory_bytes();
@@ -512,8 +688,8 @@ mod tests {
 
     fn consistent(c: &BlockCache) {
         assert_eq!(c.map.len(), c.entries.iter().flatten().count());
-        for (k, &i) in &c.map {
-            assert_eq!(c.entries[i].as_ref().unwrap().key, *k);
+        for (k, i) in c.map.iter() {
+            assert_eq!(c.entries[i].as_ref().unwrap().key, k);
         }
         assert!(c.free.iter().all(|&i| c.entries[i].is_none()));
     }

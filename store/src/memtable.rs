@@ -274,10 +274,21 @@ impl Memtable {
             prefetch(self.slots[i..].as_ptr() as *const u8);
             return;
         }
-        let s = self.slots[i];
-        if s > TOMB && tag_of(s) == tag_of(h) {
+        self.prefetch_found(h);
+    }
+
+    /// The second stage of [`Memtable::prefetch`], telling what the home
+    /// slot showed: whether it holds a record with the key's tag (whose
+    /// lines now load). `false` says the key is most likely not here (it
+    /// may sit further along the probe sequence).
+    #[inline]
+    pub fn prefetch_found(&self, h: u64) -> bool {
+        let s = self.slots[h as usize & self.mask];
+        let found = s > TOMB && tag_of(s) == tag_of(h);
+        if found {
             self.prefetch_record((s & ADDR_MASK) - 2);
         }
+        found
     }
 
     /// Starts loading the record at `addr`: its header and key, and the

@@ -308,6 +308,76 @@ fn submit_batch_applies_ops_in_order_and_answers_each() {
     );
 }
 
+/// Batched gets locate flushed keys ahead of their turn (filters, index,
+/// cache slot, entry, block): across memtables, a frozen memtable and
+/// several segments with overwrites and deletes, with a cache too small
+/// for every block, each answers what a get alone answers.
+#[test]
+fn batched_gets_located_ahead_answer_as_gets_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(1 << 20);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    let n = 6000u32;
+    let key = |i: u32| i.wrapping_mul(2_654_435_761).to_be_bytes();
+    let mut model = std::collections::BTreeMap::new();
+    let mut put = |s: &mut Store<SyncIo>, i: u32, v: Option<Vec<u8>>| {
+        let kb = key(i);
+        let kr = k((i % 13) as u16, &kb);
+        match &v {
+            Some(v) => run(s, Op::Put(kr, v)).unwrap(),
+            None => run(s, Op::Delete(kr)).unwrap(),
+        };
+        model.insert(i, v);
+    };
+    // Three segments: all keys, then every third overwritten and every
+    // fifth deleted, then every seventh overwritten again.
+    for (step, pick) in [(1u32, 0u8), (3, 1), (5, 2), (7, 3)] {
+        for i in (0..n).step_by(step as usize) {
+            let v = (pick != 2).then(|| vec![pick; 40 + (i % 50) as usize]);
+            put(&mut s, i, v);
+        }
+        s.flush();
+        common::settle_fully(&mut s);
+    }
+    // A frozen memtable (flushing) and the active one.
+    for i in (0..n).step_by(11) {
+        put(&mut s, i, Some(vec![11; 30]));
+    }
+    s.flush();
+    for i in (0..n).step_by(13) {
+        put(&mut s, i, Some(vec![13; 20]));
+    }
+    let keys: Vec<[u8; 4]> = (0..n + 500).map(key).collect();
+    let mut got: Vec<Option<Owned>> = vec![None; keys.len()];
+    let before = s.stats();
+    for (c, chunk) in keys.chunks(64).enumerate() {
+        let ops: Vec<Op> = chunk
+            .iter()
+            .enumerate()
+            .map(|(j, kb)| Op::Get(k(((c * 64 + j) as u32 % 13) as u16, kb)))
+            .collect();
+        let tokens: Vec<u64> = (0..ops.len() as u64).map(|j| c as u64 * 64 + j).collect();
+        s.submit_batch(&tokens, &ops, |j, r| match r {
+            Ok(stator_store::Submitted::Ready(o)) => got[c * 64 + j] = Some(Owned::from(o)),
+            Ok(stator_store::Submitted::Pending) => {}
+            Err(e) => panic!("{e}"),
+        });
+    }
+    s.drain(false, |t, r| {
+        got[t as usize] = Some(r.map(Owned::from).unwrap())
+    });
+    let after = s.stats();
+    for (i, g) in got.iter().enumerate() {
+        let want = model.get(&(i as u32)).cloned().flatten();
+        assert_eq!(g, &Some(Owned::Value(want)), "key {i}");
+    }
+    assert!(
+        after.cache_hits > before.cache_hits,
+        "some blocks came from the cache"
+    );
+}
+
 /// A flush leaves the blocks it wrote in the block cache (the file
 /// bypasses the page cache): reads of what was just flushed are answered
 /// at once, not from the disk, and a reopened store reads them from disk.

@@ -45,7 +45,7 @@ use slab::Slab;
 
 use crate::aligned::{ALIGN, AlignedBuf};
 use crate::bloom;
-use crate::cache::{Block, BlockCache};
+use crate::cache::{Ahead, Block, BlockCache};
 use crate::error::StoreError;
 use crate::format::{self, Kind};
 use crate::hugemem::HugeArray;
@@ -309,8 +309,9 @@ struct PendingRead {
     operands: Vec<Vec<u8>>,
     /// 0: look up the key in the current segment; 1: the map's base.
     stage: u8,
-    /// A block delivered by a fetch, used before the cache.
-    hint: Option<(u64, u32, Rc<Block>)>,
+    /// The block of one layer (the current one after a fetch, or one a
+    /// batch located ahead), used instead of the filter, index and cache.
+    hint: Option<Hint>,
 }
 
 /// A map iteration waiting for blocks.
@@ -1292,6 +1293,13 @@ impl<I: Io> Store<I> {
         masked_by(&self.kg_deletes, order, key)
     }
 }
+
+/// A read's block found before its turn: segment id, block number and
+/// the block (see `PendingRead::hint`).
+pub(super) type Hint = (u64, u32, Rc<Block>);
+
+/// The newest layers whose filter lines a batched get loads ahead.
+const FILTERS_AHEAD: usize = 4;
 
 impl BlockCache {
     /// A cached block without touching its CLOCK bit or counters.

@@ -46,7 +46,7 @@ impl<I: Io> Store<I> {
             _ => unreachable!("is_read() covers exactly these"),
         };
         let h = bloom::hash(key.as_slice());
-        self.read_key(token, kind, key.as_slice(), h, base_len)
+        self.read_key(token, kind, key.as_slice(), h, base_len, None)
     }
 
     /// Submits many operations at once, as a shard drains its queue: the
@@ -92,24 +92,78 @@ impl<I: Io> Store<I> {
         }
         // A software pipeline: while op i runs, the slot of op i + 2D and
         // the record of op i + D (whose slot has arrived by then) load, so
-        // about 2D misses are in flight and none is waited for twice.
+        // about 2D misses are in flight and none is waited for twice. For
+        // a get, the frozen memtables' slots and the newest segments'
+        // filter lines load at i + 2D too; one that no memtable's home
+        // slot holds (most likely in none) is located in the segments at
+        // i + D, and its cached block's slot, entry and first lines load
+        // at i + D, i + E and i + B: a read of a flushed key waits for its
+        // block's lines once, not for each step of the walk in turn.
         const D: usize = 8;
-        let slot = |me: &Self, j: usize, second: bool| {
+        const E: usize = 5;
+        const B: usize = 2;
+        let ahead = !self.segments.is_empty();
+        let is_get = |j: usize| matches!(ops.get(j), Some(Op::Get(_)));
+        let mut staged = [Ahead::None; 2 * D];
+        let first = |me: &Self, j: usize| {
             if let Some(&(start, end, h)) = spans.get(j)
                 && end > start
             {
-                me.active.prefetch(h, second);
+                me.active.prefetch(h, false);
+                if is_get(j) {
+                    for (_, m) in &me.frozen {
+                        m.prefetch(h, false);
+                    }
+                    for seg in me.segments.iter().rev().take(FILTERS_AHEAD) {
+                        seg.filter.prefetch(h);
+                    }
+                }
             }
         };
+        let second = |me: &Self, j: usize, staged: &mut [Ahead; 2 * D]| {
+            let Some(&(start, end, h)) = spans.get(j) else {
+                return;
+            };
+            if end == start {
+                return;
+            }
+            let in_active = me.active.prefetch_found(h);
+            if !is_get(j) {
+                return;
+            }
+            // Every frozen one's record loads too (not only the first).
+            let in_frozen = me
+                .frozen
+                .iter()
+                .fold(false, |any, (_, m)| m.prefetch_found(h) | any);
+            if ahead && !in_active && !in_frozen && end - start <= keys::MAX_KEY_LEN {
+                staged[j % (2 * D)] = me.locate_ahead(&keys[start..end], h);
+            }
+        };
+        let step = |me: &Self, j: usize, staged: &mut [Ahead; 2 * D]| {
+            let a = &mut staged[j % (2 * D)];
+            *a = me.cache.advance(*a);
+        };
         for j in 0..2 * D {
-            slot(self, j, false);
+            first(self, j);
         }
         for j in 0..D {
-            slot(self, j, true);
+            second(self, j, &mut staged);
+        }
+        for j in 0..E {
+            step(self, j, &mut staged);
+        }
+        for j in 0..B {
+            step(self, j, &mut staged);
         }
         for (i, op) in ops.iter().enumerate() {
-            slot(self, i + 2 * D, false);
-            slot(self, i + D, true);
+            first(self, i + 2 * D);
+            second(self, i + D, &mut staged);
+            step(self, i + E, &mut staged);
+            step(self, i + B, &mut staged);
+            let hint = self
+                .cache
+                .take(std::mem::replace(&mut staged[i % (2 * D)], Ahead::None));
             let (start, end, h) = spans[i];
             let key = &keys[start..end];
             if end == start || key.len() > keys::MAX_KEY_LEN {
@@ -119,7 +173,7 @@ impl<I: Io> Store<I> {
                 continue;
             }
             match op {
-                Op::Get(_) => out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0)),
+                Op::Get(_) => out(i, self.read_key(tokens[i], ReadKind::Get, key, h, 0, hint)),
                 _ => {
                     let r = self
                         .check_memory()
@@ -142,6 +196,7 @@ impl<I: Io> Store<I> {
         key: &[u8],
         h: u64,
         base_len: usize,
+        hint: Option<Hint>,
     ) -> Result<Submitted<'_>, StoreError> {
         let hb = if base_len > 0 {
             bloom::hash(&key[..base_len])
@@ -184,7 +239,7 @@ impl<I: Io> Store<I> {
             layers: Vec::new(),
             operands,
             stage: 0,
-            hint: None,
+            hint,
         };
         std::mem::swap(&mut read.layers, &mut layers);
         match self.advance(&mut read) {
@@ -195,6 +250,28 @@ impl<I: Io> Store<I> {
                 Ok(Submitted::Pending)
             }
         }
+    }
+
+    /// Where a get the memtables do not answer looks first (the walk of
+    /// [`Store::advance`], ahead of time): the newest layer whose filter
+    /// admits `key` and the block its index names, whose cache slot starts
+    /// loading (see [`BlockCache::ahead`]). `Ahead::None` when no layer
+    /// may hold the key or a mask decides first.
+    fn locate_ahead(&self, key: &[u8], h: u64) -> Ahead {
+        for seg in self.segments.iter().rev() {
+            if seg.clipped(key) {
+                continue;
+            }
+            if self.masked_order(seg.footer.order, key) {
+                return Ahead::None;
+            }
+            if seg.may_contain(key, h)
+                && let Some(bi) = seg.index.find(key)
+            {
+                return self.cache.ahead(seg.id, bi as u32);
+            }
+        }
+        Ahead::None
     }
 
     /// Keeps what an immediate output borrows alive until the next call.
@@ -325,8 +402,13 @@ impl<I: Io> Store<I> {
             let mut next_layer = true;
             // Resumed with the block this layer's probe waited for: its
             // filter and index were consulted before the wait.
-            let located = match r.hint.take() {
-                Some((sid, b, blk)) if sid == seg.id => Some((b as usize, Some(blk))),
+            // Or located ahead in a batch (`locate_ahead`), which may have
+            // passed newer layers: the hint waits for its own.
+            let located = match &r.hint {
+                Some((sid, _, _)) if *sid == seg.id => {
+                    let (_, b, blk) = r.hint.take().expect("matched");
+                    Some((b as usize, Some(blk)))
+                }
                 _ if seg.may_contain(probe, ph) => seg.index.find(probe).map(|bi| (bi, None)),
                 _ => None,
             };
