@@ -10,7 +10,9 @@
 //! time in proportion: a share of a quarter while writes have room,
 //! growing to all of it as the room runs out (see
 //! `Store::background_share`). A pass that found no request leaves the
-//! background free.
+//! background free, in short steps: the next request (a task that reads
+//! one key at a time sends it microseconds after the last answer) waits
+//! for the step under way.
 
 use std::time::Duration;
 
@@ -22,6 +24,10 @@ pub(crate) struct Pacer {
     /// Steps run freely: the caller spent no time on requests lately
     /// (or never says), or writes have no room left.
     unpaced: bool,
+    /// The caller's last pass found no request (it said so): steps run
+    /// freely but short, since a request may arrive at any moment and
+    /// would wait for the step in progress.
+    idle: bool,
 }
 
 impl Default for Pacer {
@@ -29,6 +35,7 @@ impl Default for Pacer {
         Pacer {
             credit: 0.0,
             unpaced: true,
+            idle: false,
         }
     }
 }
@@ -38,6 +45,7 @@ impl Pacer {
     /// `share` of the time (0.0 to 1.0), holding at most `cap` in hand.
     pub(crate) fn foreground(&mut self, busy: Duration, share: f64, cap: Duration) {
         self.unpaced = busy.is_zero();
+        self.idle = busy.is_zero() && share < 1.0;
         if share >= 1.0 {
             self.unpaced = true;
             return;
@@ -49,6 +57,12 @@ impl Pacer {
     /// Whether a background step may run now.
     pub(crate) fn allows(&self) -> bool {
         self.unpaced || self.credit > 0.0
+    }
+
+    /// Whether steps should be short: the caller is between requests
+    /// (see `idle`).
+    pub(crate) fn idle(&self) -> bool {
+        self.idle
     }
 
     /// A background step took `d`.
@@ -78,6 +92,18 @@ mod tests {
         assert!(!p.allows(), "overspent");
         p.foreground(3 * MS, 0.25, 10 * MS);
         assert!(p.allows(), "the debt is paid");
+    }
+
+    #[test]
+    fn idle_means_the_caller_said_it_found_no_request() {
+        let mut p = Pacer::default();
+        assert!(!p.idle(), "a caller that never says gets full steps");
+        p.foreground(Duration::ZERO, 0.25, 10 * MS);
+        assert!(p.idle());
+        p.foreground(MS, 0.25, 10 * MS);
+        assert!(!p.idle(), "a pass with requests");
+        p.foreground(Duration::ZERO, 1.0, 10 * MS);
+        assert!(!p.idle(), "writes out of room: the flush takes full steps");
     }
 
     #[test]

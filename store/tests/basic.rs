@@ -680,35 +680,58 @@ fn batched_writes_of_every_kind_equal_writes_one_at_a_time() {
 /// caller that never says (whose polls each run a step), and still lands.
 #[test]
 fn flush_steps_are_paced_to_the_callers_request_time() {
-    fn polls_to_flush(paced: bool) -> usize {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
-        cfg.memtable_bytes = Some(64 << 20);
-        let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
-        for i in 0u32..200_000 {
-            let kb = i.wrapping_mul(2_654_435_761).to_be_bytes();
-            run(&mut s, Op::Put(k((i % 61) as u16, &kb), &[7; 100])).unwrap();
-        }
-        s.flush();
-        let mut polls = 0;
-        while s.stats().flushes == 0 {
-            if paced {
-                // 30 us of requests earn 10 us of background at a quarter
-                // share: a step of up to 200 us every twenty polls or so.
-                s.note_foreground(std::time::Duration::from_micros(30));
-            }
-            s.poll(|_, _| {});
-            polls += 1;
-            assert!(polls < 10_000_000, "the flush never landed");
-        }
-        polls
-    }
-    let free = polls_to_flush(false);
-    let paced = polls_to_flush(true);
+    let free = polls_to_flush(Caller::NeverSays);
+    let paced = polls_to_flush(Caller::Busy);
     assert!(
         paced >= 3 * free,
         "paced flush took {paced} polls, unpaced {free}"
     );
+}
+
+/// Between a caller's requests (it says it spent no time on them), steps
+/// run freely but short: a request arriving meanwhile waits for a short
+/// step, not a full slice. The flush still lands, in more polls than for
+/// a caller that never says.
+#[test]
+fn steps_between_requests_are_short() {
+    let free = polls_to_flush(Caller::NeverSays);
+    let idle = polls_to_flush(Caller::Idle);
+    assert!(idle >= 3 * free, "idle: {idle} polls, unpaced {free}");
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Caller {
+    NeverSays,
+    Busy,
+    Idle,
+}
+
+/// Polls until a 64 MiB memtable's flush lands, with the caller saying
+/// what `caller` says before each.
+fn polls_to_flush(caller: Caller) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
+    cfg.memtable_bytes = Some(64 << 20);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    for i in 0u32..200_000 {
+        let kb = i.wrapping_mul(2_654_435_761).to_be_bytes();
+        run(&mut s, Op::Put(k((i % 61) as u16, &kb), &[7; 100])).unwrap();
+    }
+    s.flush();
+    let mut polls = 0;
+    while s.stats().flushes == 0 {
+        match caller {
+            Caller::NeverSays => {}
+            // 30 us of requests earn 10 us of background at a quarter
+            // share: a step of up to 200 us every twenty polls or so.
+            Caller::Busy => s.note_foreground(std::time::Duration::from_micros(30)),
+            Caller::Idle => s.note_foreground(std::time::Duration::ZERO),
+        }
+        s.poll(|_, _| {});
+        polls += 1;
+        assert!(polls < 10_000_000, "the flush never landed");
+    }
+    polls
 }
 
 /// `prefault_memory` faults in two memtables' worth of log chunks and
