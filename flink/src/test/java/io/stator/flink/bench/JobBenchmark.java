@@ -36,7 +36,9 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Optional;
 import java.util.SplittableRandom;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
@@ -47,7 +49,9 @@ import java.util.concurrent.atomic.AtomicLong;
  * median and max, and the backend's own part of it: the slowest subtask's synchronous plus
  * asynchronous phase; and the checkpointed size). Backends alternate within a state size.
  *
- * <p>Usage: {@code JobBenchmark [--quick] [--json FILE]}; needs {@code -Dstator.statord}.
+ * <p>Usage: {@code JobBenchmark [--quick] [--json FILE] [--keys N,M] [--backends a,b] [--seconds S]
+ * [--windows]} (defaults: 200 K and 2 M keys, every backend, 10 s; {@code --windows} prints each second's
+ * rate in order); needs {@code -Dstator.statord}.
  */
 public final class JobBenchmark {
 
@@ -59,8 +63,14 @@ public final class JobBenchmark {
         boolean quick = Arrays.asList(args).contains("--quick");
         int j = Arrays.asList(args).indexOf("--json");
         PrintStream json = j >= 0 ? new PrintStream(args[j + 1]) : null;
-        long[] sizes = quick ? new long[] {100_000, 400_000} : new long[] {200_000, 2_000_000};
-        int seconds = quick ? 4 : 10;
+        long[] sizes =
+                option(args, "--keys")
+                        .map(v -> Arrays.stream(v.split(",")).mapToLong(Long::parseLong).toArray())
+                        .orElse(quick ? new long[] {100_000, 400_000} : new long[] {200_000, 2_000_000});
+        List<String> backends =
+                option(args, "--backends").map(v -> List.of(v.split(","))).orElse(List.of("hashmap", "rocksdb", "stator"));
+        int seconds = option(args, "--seconds").map(Integer::parseInt).orElse(quick ? 4 : 10);
+        WINDOWS.set(Arrays.asList(args).contains("--windows"));
         int checkpoints = quick ? 3 : 5;
         Path dir = Files.createTempDirectory("stator-job-bench-");
         try (Statord statord = new Statord(dir.resolve("statord")).memoryBudgetMib(4096).start()) {
@@ -80,7 +90,7 @@ public final class JobBenchmark {
                         "keys", "backend", "rec/s p50", "rec/s min", "ckpt p50", "ckpt max", "snap p50", "snap max",
                         "ckpt size");
                 for (long keys : sizes) {
-                    for (String backend : List.of("hashmap", "rocksdb", "stator")) {
+                    for (String backend : backends) {
                         Result r = run(mini, statord, dir, backend, keys, seconds, checkpoints);
                         System.out.printf(
                                 "%-8d %-9s %12.0f %12.0f %7d ms %7d ms %7d ms %7d ms %9.1f MB%n",
@@ -106,6 +116,15 @@ public final class JobBenchmark {
             }
             FileUtils.deleteDirectory(dir.toFile());
         }
+    }
+
+    private static final AtomicBoolean WINDOWS =
+            new AtomicBoolean();
+
+    /** The value after {@code name} in {@code args}, if given. */
+    private static Optional<String> option(String[] args, String name) {
+        int i = Arrays.asList(args).indexOf(name);
+        return i >= 0 && i + 1 < args.length ? Optional.of(args[i + 1]) : Optional.empty();
     }
 
     record Result(
@@ -150,6 +169,9 @@ public final class JobBenchmark {
                 rates[s] = (p - last) * 1e9 / (now - at);
                 last = p;
                 at = now;
+            }
+            if (WINDOWS.get()) {
+                System.out.println(backend + " " + keys + " keys, records/s per second: " + Arrays.toString(rates));
             }
             Arrays.sort(rates);
             for (int i = 0; i < checkpoints; i++) {
