@@ -265,22 +265,18 @@ impl Memtable {
         self.chunks[c][off..].as_ptr()
     }
 
-    /// Starts the memory loads a lookup of hash `h` will need: the slot now,
-    /// and (`second`) the record the slot points to, once the slot is cached.
+    /// Starts the first memory load a lookup of hash `h` will need: its
+    /// home slot. [`Memtable::prefetch_found`] is the second, once the slot
+    /// is cached.
     #[inline]
-    pub fn prefetch(&self, h: u64, second: bool) {
-        let i = h as usize & self.mask;
-        if !second {
-            prefetch(self.slots[i..].as_ptr() as *const u8);
-            return;
-        }
-        self.prefetch_found(h);
+    pub fn prefetch(&self, h: u64) {
+        prefetch(self.slots[(h as usize & self.mask)..].as_ptr() as *const u8);
     }
 
-    /// The second stage of [`Memtable::prefetch`], telling what the home
-    /// slot showed: whether it holds a record with the key's tag (whose
-    /// lines now load). `false` says the key is most likely not here (it
-    /// may sit further along the probe sequence).
+    /// The second stage of [`Memtable::prefetch`]: starts loading the
+    /// record the home slot points to, if it holds the key's tag, and
+    /// says whether it does. `false` says the key is most likely not here
+    /// (it may sit further along the probe sequence).
     #[inline]
     pub fn prefetch_found(&self, h: u64) -> bool {
         let s = self.slots[h as usize & self.mask];

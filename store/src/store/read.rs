@@ -109,10 +109,10 @@ impl<I: Io> Store<I> {
             if let Some(&(start, end, h)) = spans.get(j)
                 && end > start
             {
-                me.active.prefetch(h, false);
+                me.active.prefetch(h);
                 if is_get(j) {
                     for (_, m) in &me.frozen {
-                        m.prefetch(h, false);
+                        m.prefetch(h);
                     }
                     for seg in me.segments.iter().rev().take(FILTERS_AHEAD) {
                         seg.filter.prefetch(h);
