@@ -153,7 +153,8 @@ impl Slots {
         if v[block as usize] == NO_ENTRY {
             self.len += 1;
         }
-        v[block as usize] = u32::try_from(e).expect("fewer than 4 G cached blocks");
+        assert!(e < NO_ENTRY as usize, "fewer than 4 G cached blocks");
+        v[block as usize] = e as u32;
     }
 
     fn remove(&mut self, (seg, block): (u64, u32)) {
@@ -295,8 +296,9 @@ impl BlockCache {
                 }
                 None => Ahead::None,
             },
-            Ahead::Entry(seg, block, i) => match &self.entries[i as usize] {
-                Some(e) if e.key == (seg, block) => {
+            // (An index taken before a squeeze may be past the end now.)
+            Ahead::Entry(seg, block, i) => match self.entries.get(i as usize) {
+                Some(Some(e)) if e.key == (seg, block) => {
                     crate::prefetch::line(Rc::as_ptr(&e.block).cast());
                     e.block.prefetch();
                     Ahead::Block(seg, block, i)
@@ -314,8 +316,10 @@ impl BlockCache {
     pub fn take(&mut self, a: Ahead) -> Option<(u64, u32, Rc<Block>)> {
         match a {
             Ahead::Entry(seg, block, i) | Ahead::Block(seg, block, i)
-                if self.entries[i as usize]
-                    .as_ref()
+                if self
+                    .entries
+                    .get(i as usize)
+                    .and_then(Option::as_ref)
                     .is_some_and(|e| e.key == (seg, block)) =>
             {
                 Some((seg, block, self.hit(i as usize)))
@@ -615,6 +619,23 @@ mod tests {
         c.insert(9, 0, block(9));
         assert!(c.take(c.advance(a)).is_none(), "not block 1 any more");
         assert!(c.ahead(7, 1) == Ahead::None, "the segment's slots went");
+        consistent(&c);
+        // Entries squeezed out between the steps (a read's fetch or a
+        // budget change evicts mid-batch): a staged index past the end
+        // gives nothing, no panic.
+        let mut c = BlockCache::new(600 * size);
+        for i in 0..300 {
+            c.insert(1, i, block(i));
+        }
+        let late = c.advance(c.ahead(1, 299));
+        let later = c.advance(late);
+        c.forget_segment(1);
+        c.insert(2, 0, block(0));
+        c.set_budget(size);
+        c.insert(2, 1, block(1));
+        assert!(c.entries.len() < 299, "squeezed: {}", c.entries.len());
+        assert!(c.advance(late) == Ahead::None && c.take(late).is_none());
+        assert!(c.take(later).is_none());
         consistent(&c);
     }
 

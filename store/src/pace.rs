@@ -40,12 +40,18 @@ impl Default for Pacer {
     }
 }
 
+/// The share background work has while nothing presses it (writes have
+/// room, no checkpoint waits); only then are steps between requests
+/// short (see `Pacer::idle`).
+pub(crate) const BASE_SHARE: f64 = 0.25;
+
 impl Pacer {
     /// The caller spent `busy` on requests; background work is owed
     /// `share` of the time (0.0 to 1.0), holding at most `cap` in hand.
     pub(crate) fn foreground(&mut self, busy: Duration, share: f64, cap: Duration) {
         self.unpaced = busy.is_zero();
-        self.idle = busy.is_zero() && share < 1.0;
+        // A flush that writes or a checkpoint wait for takes full steps.
+        self.idle = busy.is_zero() && share <= BASE_SHARE;
         if share >= 1.0 {
             self.unpaced = true;
             return;
@@ -57,6 +63,12 @@ impl Pacer {
     /// Whether a background step may run now.
     pub(crate) fn allows(&self) -> bool {
         self.unpaced || self.credit > 0.0
+    }
+
+    /// No request will come (a drain): steps run freely and in full.
+    pub(crate) fn unpace(&mut self) {
+        self.unpaced = true;
+        self.idle = false;
     }
 
     /// Whether steps should be short: the caller is between requests
@@ -102,8 +114,13 @@ mod tests {
         assert!(p.idle());
         p.foreground(MS, 0.25, 10 * MS);
         assert!(!p.idle(), "a pass with requests");
+        p.foreground(Duration::ZERO, 0.5, 10 * MS);
+        assert!(!p.idle(), "a checkpoint or writes wait: full steps");
         p.foreground(Duration::ZERO, 1.0, 10 * MS);
         assert!(!p.idle(), "writes out of room: the flush takes full steps");
+        p.foreground(Duration::ZERO, BASE_SHARE, 10 * MS);
+        p.unpace();
+        assert!(p.allows() && !p.idle(), "a drain: full steps");
     }
 
     #[test]

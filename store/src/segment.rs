@@ -680,6 +680,19 @@ impl SegmentWriter {
         end == keys
     }
 
+    /// [`SegmentWriter::fill_filter`] in runs of 256 keys (a random write
+    /// each) until the filter is full (true) or `deadline` passes.
+    pub fn fill_filter_until(&mut self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.fill_filter(256) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+        }
+    }
+
     /// The open segment this writer produced (after its fsync).
     pub fn into_segment(mut self, id: u64) -> Segment {
         Segment {

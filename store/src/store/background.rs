@@ -58,8 +58,9 @@ impl<I: Io> Store<I> {
     ) {
         // No request is served while draining: background steps are not
         // paced (a pacer left owing time by the last busy pass would
-        // otherwise never let a shutdown's flush step again).
-        self.note_foreground(Duration::ZERO);
+        // otherwise never let a shutdown's flush step again), nor cut
+        // short for requests that will not come.
+        self.pacer.unpace();
         loop {
             self.poll(&mut on_done);
             let idle = self.pending() == 0 && (!background || !self.busy());

@@ -209,9 +209,9 @@ impl<I: Io> Store<I> {
                 }
             }
             let Some(min) = min else {
-                // The filter, in steps of the same bound (a random write
-                // per key).
-                if !j.writer.fill_filter(work * 4) {
+                // The filter, in steps of the same deadline (a
+                // random write per key).
+                if !j.writer.fill_filter_until(deadline) {
                     return;
                 }
                 j.writer.finish(&mut self.io);

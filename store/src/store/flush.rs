@@ -100,9 +100,9 @@ impl<I: Io> Store<I> {
                 return;
             }
             let Some(addr) = addrs.get(*next) else {
-                // Then the filter, in steps of the same bound (a random
-                // write per key).
-                if !j.writer.fill_filter(work * 4) {
+                // Then the filter, in steps of the same deadline (a
+                // random write per key).
+                if !j.writer.fill_filter_until(deadline) {
                     return;
                 }
                 j.writer.finish(&mut self.io);

@@ -75,10 +75,11 @@ pub struct StoreConfig {
     /// Records a flush or compaction processes per `poll` at most.
     pub work_per_poll: usize,
     /// Time a flush or compaction spends per `poll` at most (each checks
-    /// it every few dozen records): the shard's requests wait while a
-    /// step runs, so a step must stay far below their latency target.
-    /// Up to five times this while writes run out of room (see
-    /// [`Store::write_headroom`]).
+    /// it every few records): the shard's requests wait while a step
+    /// runs, so a step must stay far below their latency target. Up to
+    /// five times this while writes run out of room (see
+    /// [`Store::write_headroom`]); a fortieth of it between the caller's
+    /// requests (see `crate::pace`).
     pub background_slice: Duration,
     /// Local block reads finished per `poll` at most: this many, or an
     /// eighth of the block reads in flight if that is more; the rest wait
@@ -1151,7 +1152,7 @@ impl<I: Io> Store<I> {
     /// engine's barrier waits for it) or checkpoints wait for compaction
     /// (see [`Store::checkpoint_should_wait`]).
     fn background_share(&self) -> f64 {
-        const BASE: f64 = 0.25;
+        const BASE: f64 = crate::pace::BASE_SHARE;
         const AWAITED: f64 = 0.5;
         const FROM: f64 = 0.5;
         let short = ((FROM - self.headroom()) / FROM).clamp(0.0, 1.0);
@@ -1165,8 +1166,8 @@ impl<I: Io> Store<I> {
 
     /// When a flush or compaction step must end: `background_slice` from
     /// now, up to five times that as writes run out of room (a flush that
-    /// falls behind gets more of the shard); an eighth of it between a
-    /// caller's requests. A task that sends one read at a time (Flink's
+    /// falls behind gets more of the shard); a fortieth of it (5 us)
+    /// between a caller's requests while nothing presses the background. A task that sends one read at a time (Flink's
     /// synchronous backend) sends the next a few microseconds after each
     /// answer, into the step the shard began meanwhile: with full slices
     /// a Flink job ran at a twentieth of its rate while a flush ran.
