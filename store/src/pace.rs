@@ -41,8 +41,7 @@ impl Default for Pacer {
 }
 
 /// The share background work has while nothing presses it (writes have
-/// room, no checkpoint waits); only then are steps between requests
-/// short (see `Pacer::idle`).
+/// room, no checkpoint waits).
 pub(crate) const BASE_SHARE: f64 = 0.25;
 
 impl Pacer {
@@ -50,8 +49,12 @@ impl Pacer {
     /// `share` of the time (0.0 to 1.0), holding at most `cap` in hand.
     pub(crate) fn foreground(&mut self, busy: Duration, share: f64, cap: Duration) {
         self.unpaced = busy.is_zero();
-        // A flush that writes or a checkpoint wait for takes full steps.
-        self.idle = busy.is_zero() && share <= BASE_SHARE;
+        // Short even while the room falls: between one-at-a-time
+        // requests the background has nearly all the time anyway, and
+        // full steps there cut such a caller's rate to a tenth (a Flink
+        // job measured 60 K records/s against 100-125 K in a flush's
+        // second). Not once writes are out of room.
+        self.idle = busy.is_zero() && share < 1.0;
         if share >= 1.0 {
             self.unpaced = true;
             return;
@@ -115,7 +118,7 @@ mod tests {
         p.foreground(MS, 0.25, 10 * MS);
         assert!(!p.idle(), "a pass with requests");
         p.foreground(Duration::ZERO, 0.5, 10 * MS);
-        assert!(!p.idle(), "a checkpoint or writes wait: full steps");
+        assert!(p.idle(), "between requests while the room falls");
         p.foreground(Duration::ZERO, 1.0, 10 * MS);
         assert!(!p.idle(), "writes out of room: the flush takes full steps");
         p.foreground(Duration::ZERO, BASE_SHARE, 10 * MS);

@@ -1167,7 +1167,7 @@ impl<I: Io> Store<I> {
     /// When a flush or compaction step must end: `background_slice` from
     /// now, up to five times that as writes run out of room (a flush that
     /// falls behind gets more of the shard); a fortieth of it (5 us)
-    /// between a caller's requests while nothing presses the background. A task that sends one read at a time (Flink's
+    /// between a caller's requests unless writes are out of room. A task that sends one read at a time (Flink's
     /// synchronous backend) sends the next a few microseconds after each
     /// answer, into the step the shard began meanwhile: with full slices
     /// a Flink job ran at a twentieth of its rate while a flush ran.
