@@ -706,18 +706,25 @@ enum Caller {
     Idle,
 }
 
-/// Polls until a 64 MiB memtable's flush lands, with the caller saying
-/// what `caller` says before each.
-fn polls_to_flush(caller: Caller) -> usize {
+/// A store (64 MiB memtable) holding `puts` 100-byte values, its
+/// memtable frozen and its flush started.
+fn flushing_store(puts: u32) -> (tempfile::TempDir, Store<SyncIo>) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
     cfg.memtable_bytes = Some(64 << 20);
     let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
-    for i in 0u32..200_000 {
+    for i in 0..puts {
         let kb = i.wrapping_mul(2_654_435_761).to_be_bytes();
         run(&mut s, Op::Put(k((i % 61) as u16, &kb), &[7; 100])).unwrap();
     }
     s.flush();
+    (dir, s)
+}
+
+/// Polls until a 64 MiB memtable's flush lands, with the caller saying
+/// what `caller` says before each.
+fn polls_to_flush(caller: Caller) -> usize {
+    let (_dir, mut s) = flushing_store(200_000);
     let mut polls = 0;
     while s.stats().flushes == 0 {
         match caller {
@@ -786,15 +793,7 @@ fn prefaulted_memory_is_counted_and_the_store_works_on_it() {
 fn a_drain_after_busy_passes_finishes_its_flush() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = StoreConfig::new(dir.path(), 256 << 20);
-        cfg.memtable_bytes = Some(64 << 20);
-        let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
-        for i in 0u32..100_000 {
-            let kb = i.wrapping_mul(2_654_435_761).to_be_bytes();
-            run(&mut s, Op::Put(k((i % 61) as u16, &kb), &[7; 100])).unwrap();
-        }
-        s.flush();
+        let (_dir, mut s) = flushing_store(100_000);
         // Busy passes that earn less than the steps they let run.
         for _ in 0..50 {
             s.note_foreground(std::time::Duration::from_micros(1));
