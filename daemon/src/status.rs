@@ -871,6 +871,12 @@ impl Collector for Gathered {
             "The stores' memory budget (memory_budget_mib)",
             mem.budget as f64,
         )?;
+        gauge(
+            &mut e,
+            "memtable_limit_bytes",
+            "The log bytes the active memtables freeze at (memtable_mib, or less as indexes and background work grow)",
+            mem.memtable_limit as f64,
+        )?;
         let sum = |f: &dyn Fn(&ShardReport) -> u64| -> u64 {
             self.shards.iter().map(|(r, _)| f(r)).sum()
         };

@@ -78,6 +78,12 @@ pub struct Memory {
     /// What flushes and compactions in progress may hold (write buffers,
     /// sorts, read-ahead).
     pub background_bytes: u64,
+    /// The log bytes the active memtables freeze at (summed over shards):
+    /// the configured size, or less where indexes, filters and background
+    /// work leave less of the budget for memtables. Absent from an older
+    /// statord.
+    #[serde(default)]
+    pub memtable_limit_bytes: u64,
 }
 
 impl From<&stator_store::MemoryUsage> for Memory {
@@ -89,6 +95,7 @@ impl From<&stator_store::MemoryUsage> for Memory {
             block_cache_bytes: m.block_cache as u64,
             indexes_and_filters_bytes: m.indexes_and_filters as u64,
             background_bytes: m.background as u64,
+            memtable_limit_bytes: m.memtable_limit as u64,
         }
     }
 }

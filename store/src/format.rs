@@ -9,7 +9,7 @@
 //! unvalidated form: lengths are checked before use and a checksum that
 //! fails is an error naming the file and offset, never data.
 
-use crate::aligned::ALIGN;
+use crate::aligned::{ALIGN, AlignedBuf};
 
 /// Footer magic.
 pub const FOOTER_MAGIC: [u8; 8] = *b"STATSEG1";
@@ -609,9 +609,16 @@ impl BlockIndex {
             + self.lens.capacity() * 4
     }
 
+    /// Bytes [`BlockIndex::encode`] appends.
+    pub fn encoded_len(&self) -> usize {
+        4 + (0..self.len())
+            .map(|i| 14 + self.last_key(i).len())
+            .sum::<usize>()
+    }
+
     /// Serialized form: `u32 count`, then per block `u64 offset | u32 len |
     /// u16 key_len | key`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    pub fn encode(&self, out: &mut AlignedBuf) {
         out.extend_from_slice(&(self.len() as u32).to_le_bytes());
         for i in 0..self.len() {
             out.extend_from_slice(&self.offsets[i].to_le_bytes());

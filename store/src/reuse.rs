@@ -93,6 +93,9 @@ impl Reuse {
                     kept.push(c);
                 }
             }
+            // A pool kept for larger memtables than the budget affords
+            // now (see `Store::memtable_limit`) gives the rest back.
+            kept.truncate(max_chunks);
         }
         index.fill(0);
         let mut ix = lock(&self.index);
@@ -206,11 +209,15 @@ mod tests {
         // Room for two chunks and a byte: three are kept.
         r.recycle(m, 2 * CHUNK + 1);
         assert_eq!(r.bytes(), 3 * CHUNK + index);
-        // A pool already at the bound keeps nothing more.
+        // A pool at the bound keeps nothing more.
+        r.recycle(fill(100_000), 3 * CHUNK);
+        assert_eq!(r.bytes(), 3 * CHUNK + index);
+        // A smaller bound (smaller memtables, see `Store::memtable_limit`)
+        // gives back what is kept beyond it.
         r.recycle(fill(100_000), CHUNK);
-        assert_eq!(r.bytes(), 3 * CHUNK + index);
+        assert_eq!(r.bytes(), CHUNK + index);
         r.recycle(fill(100_000), 0);
-        assert_eq!(r.bytes(), 3 * CHUNK + index);
+        assert_eq!(r.bytes(), index);
     }
 
     #[test]

@@ -343,6 +343,47 @@ pub const WRITE_CHUNK: usize = 1 << 20;
 /// produces faster than the disk takes waits, so its buffers stay bounded
 /// (8 MiB) instead of piling up in memory the budget does not see.
 pub const MAX_WRITES_IN_FLIGHT: usize = 8;
+/// What one writer's buffers hold at most: those in flight, the one
+/// filling and the tail.
+pub const WRITER_BYTES: usize = (MAX_WRITES_IN_FLIGHT + 2) * (WRITE_CHUNK + 64 * 1024);
+
+/// How a writer builds its segment's filter.
+enum FilterBuild {
+    /// The keys' hashes, kept until the last key: their count sizes the
+    /// filter, then they go in (`filled` of them so far).
+    Hashes {
+        hashes: Vec<u64>,
+        filter: Option<Bloom>,
+        filled: usize,
+    },
+    /// Sized for an upper bound and filled as keys come; at the end folded
+    /// by `fold`'s factor, blocks before its second number done.
+    Direct {
+        filter: Bloom,
+        fold: Option<(usize, usize)>,
+    },
+    /// Done (after `finish`).
+    Built(Bloom),
+}
+
+impl FilterBuild {
+    /// The finished filter (after [`SegmentWriter::fill_filter`] returned
+    /// true), leaving `Built` of an empty one behind.
+    fn take(&mut self) -> Bloom {
+        let done = std::mem::replace(self, FilterBuild::Built(Bloom::with_keys(0)));
+        match done {
+            FilterBuild::Hashes {
+                filter: Some(f),
+                filled,
+                hashes,
+            } if filled == hashes.len() => f,
+            FilterBuild::Direct { filter, fold: None } | FilterBuild::Built(filter) => filter,
+            FilterBuild::Hashes { .. } | FilterBuild::Direct { .. } => {
+                unreachable!("the filter is taken only once fill_filter is done")
+            }
+        }
+    }
+}
 
 /// Streams a segment to disk. Writes complete asynchronously; the owner
 /// routes their completions back with [`SegmentWriter::write_done`].
@@ -353,9 +394,7 @@ pub struct SegmentWriter {
     buf: AlignedBuf,
     block: BlockBuilder,
     index: BlockIndex,
-    hashes: Vec<u64>,
-    /// How many of `hashes` are in `filter` (see `fill_filter`).
-    filled: usize,
+    filter: FilterBuild,
     records: u64,
     min_kg: u16,
     max_kg: u16,
@@ -368,7 +407,6 @@ pub struct SegmentWriter {
     pub error: Option<StoreError>,
     finished: bool,
     token: u64,
-    filter: Option<Bloom>,
     footer_page: Option<(u64, AlignedBuf)>,
     fsync_issued: bool,
     /// Write buffers the kernel gave back, reused (a fresh one costs a
@@ -419,8 +457,11 @@ impl SegmentWriter {
             buf: AlignedBuf::with_capacity(WRITE_CHUNK + 64 * 1024),
             block: BlockBuilder::default(),
             index: BlockIndex::default(),
-            hashes: Vec::new(),
-            filled: 0,
+            filter: FilterBuild::Hashes {
+                hashes: Vec::new(),
+                filter: None,
+                filled: 0,
+            },
             records: 0,
             min_kg: u16::MAX,
             max_kg: 0,
@@ -435,13 +476,24 @@ impl SegmentWriter {
             error: None,
             finished: false,
             token,
-            filter: None,
             footer_page: None,
             fsync_issued: false,
             spare: Vec::new(),
             finished_data: false,
             sealed: None,
         })
+    }
+
+    /// Builds the filter as records are added, sized for at most `keys`
+    /// of them and folded to the records added at the end (see
+    /// [`Bloom::fold`]): about 10 bits per key held while writing instead
+    /// of an 8-byte hash each. Call before the first `add`.
+    pub fn expect_at_most(&mut self, keys: usize) {
+        assert_eq!(self.records, 0, "expect_at_most before the first add");
+        self.filter = FilterBuild::Direct {
+            filter: Bloom::for_at_most(keys),
+            fold: None,
+        };
     }
 
     /// Keeps a copy of every data block sealed from now on, for the owner
@@ -465,7 +517,12 @@ impl SegmentWriter {
             self.finish_block(io);
         }
         self.block.add(kind, key, value);
-        self.hashes.push(bloom::hash(key));
+        let h = bloom::hash(key);
+        match &mut self.filter {
+            FilterBuild::Hashes { hashes, .. } => hashes.push(h),
+            FilterBuild::Direct { filter, .. } => filter.insert(h),
+            FilterBuild::Built(_) => unreachable!("a record added after finish"),
+        }
         self.records += 1;
         let kg = crate::keys::key_group(key);
         self.min_kg = self.min_kg.min(kg);
@@ -529,16 +586,17 @@ impl SegmentWriter {
         self.flush_buf(io, 0);
         let data_len = self.offset;
         self.fill_filter(usize::MAX);
-        let filter = self.filter.take().expect("fill_filter made the filter");
-        let mut meta = Vec::new();
-        filter.encode(&mut meta);
-        let filter_len = meta.len() as u64;
-        self.index.encode(&mut meta);
-        let index_len = meta.len() as u64 - filter_len;
-        let meta_crc = crc32c::crc32c(&meta);
-        let meta_pages = meta.len().next_multiple_of(ALIGN);
-        let mut tail = AlignedBuf::with_capacity(meta_pages);
-        tail.extend_from_slice(&meta);
+        let filter = self.filter.take();
+        // Encoded straight into the write buffer: one copy beside the
+        // parsed filter and index, not two.
+        let filter_len = filter.encoded_len() as u64;
+        let index_len = self.index.encoded_len() as u64;
+        let meta_len = (filter_len + index_len) as usize;
+        let mut tail = AlignedBuf::with_capacity(meta_len.next_multiple_of(ALIGN));
+        filter.encode(&mut tail);
+        self.index.encode(&mut tail);
+        debug_assert_eq!(tail.len(), meta_len);
+        let meta_crc = crc32c::crc32c(&tail);
         tail.pad_to_align();
         self.footer.records = self.records;
         self.footer.data_len = data_len;
@@ -566,8 +624,7 @@ impl SegmentWriter {
         self.footer_page = Some((self.offset, page));
         self.offset += ALIGN as u64;
         self.finished = true;
-        self.hashes = Vec::new();
-        self.filter = Some(filter);
+        self.filter = FilterBuild::Built(filter);
     }
 
     /// Once every write is acknowledged, issues the next fsync (tagged
@@ -663,21 +720,58 @@ impl SegmentWriter {
         self.records
     }
 
-    /// Puts up to `n` more of the keys added so far into the segment's
-    /// filter; true once all are in. Call it only after the last `add`:
-    /// the filter is sized by the records added. An owner that must not
-    /// stall (a shard thread) calls it in bounded steps before `finish`,
-    /// which otherwise inserts every key in one go (a random write per
-    /// key into a filter of megabytes).
+    /// Does up to `n` more pieces of the filter's last work: inserting the
+    /// hashes kept for it, or (after [`SegmentWriter::expect_at_most`])
+    /// folding it towards the records added, a block at a time; true once
+    /// it is done. Call it only after the last `add`. An owner that must
+    /// not stall (a shard thread) calls it in bounded steps before
+    /// `finish`, which otherwise does it all in one go (a random write
+    /// per key into a filter of megabytes, or a pass over it).
     pub fn fill_filter(&mut self, n: usize) -> bool {
-        let keys = self.hashes.len();
-        let filter = self.filter.get_or_insert_with(|| Bloom::with_keys(keys));
-        let end = self.filled.saturating_add(n).min(keys);
-        for &h in &self.hashes[self.filled..end] {
-            filter.insert(h);
+        let records = self.records as usize;
+        match &mut self.filter {
+            FilterBuild::Hashes {
+                hashes,
+                filter,
+                filled,
+            } => {
+                let keys = hashes.len();
+                let filter = filter.get_or_insert_with(|| Bloom::with_keys(keys));
+                let end = filled.saturating_add(n).min(keys);
+                for &h in &hashes[*filled..end] {
+                    filter.insert(h);
+                }
+                *filled = end;
+                end == keys
+            }
+            FilterBuild::Direct { filter, fold } => {
+                let mut n = n;
+                loop {
+                    let (k, next) = match *fold {
+                        Some(f) => f,
+                        None => match filter.fold_factor(records) {
+                            Some(k) => (k, 0),
+                            None => return true,
+                        },
+                    };
+                    if n == 0 {
+                        *fold = Some((k, next));
+                        return false;
+                    }
+                    let blocks = filter.block_count() / k;
+                    let end = next.saturating_add(n).min(blocks);
+                    filter.fold_blocks(k, next, end);
+                    n -= end - next;
+                    if end == blocks {
+                        filter.end_fold(k);
+                        *fold = None;
+                    } else {
+                        *fold = Some((k, end));
+                    }
+                }
+            }
+            FilterBuild::Built(_) => true,
         }
-        self.filled = end;
-        end == keys
     }
 
     /// [`SegmentWriter::fill_filter`] in runs of 256 keys (a random write
@@ -706,7 +800,7 @@ impl SegmentWriter {
                 ix.seal();
                 ix
             }),
-            filter: Rc::new(self.filter.take().expect("finish() built the filter")),
+            filter: Rc::new(self.filter.take()),
             file_len: self.offset,
             clip: None,
             residency: Rc::default(),

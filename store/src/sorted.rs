@@ -122,6 +122,9 @@ pub struct Sorted {
     spare: Vec<Entry>,
 }
 
+/// Bytes a sort holds per key: its two entry buffers.
+pub const BYTES_PER_KEY: usize = 2 * std::mem::size_of::<Entry>();
+
 /// A sort's memory, kept for the next one: fresh pages cost a kernel
 /// zero-fill on first touch (on this project's VM ~4 ms per 2 MiB),
 /// which a flush would otherwise pay on the shard for two buffers of

@@ -96,6 +96,7 @@ impl<I: Io> Store<I> {
         ) {
             Ok(mut w) => {
                 w.keep_blocks();
+                w.expect_at_most(inputs.iter().map(|s| s.footer.records as usize).sum());
                 w
             }
             Err(e) => return self.background_failed(e),
@@ -106,13 +107,12 @@ impl<I: Io> Store<I> {
             .iter()
             .map(|s| Cursor::new(s.clone(), COMPACT_READ_BLOCKS, 1))
             .collect();
+        // The output's filter and index as built (no larger than the
+        // inputs' together: the filter is sized for their records) and
+        // as encoded by `finish`, and each input's read window.
         let reserve = inputs
             .iter()
-            .map(|s| {
-                2 * s.memory_bytes()
-                    + s.footer.records as usize * 8
-                    + COMPACT_READ_BLOCKS * crate::aligned::ALIGN
-            })
+            .map(|s| 2 * s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
             .sum();
         self.compact = Some(CompactJob {
             inputs,

@@ -24,6 +24,7 @@ impl<I: Io> Store<I> {
         ) {
             Ok(mut w) => {
                 w.keep_blocks();
+                w.expect_at_most(mem.len());
                 w
             }
             Err(e) => {
@@ -172,7 +173,7 @@ impl<I: Io> Store<I> {
         // worker zeroing pages took 11 % of the shard's core under
         // sustained puts.
         let frozen: usize = self.frozen.iter().map(|(_, m)| m.log_bytes()).sum();
-        let keep = (2 * self.cfg.memtable_bytes()).saturating_sub(frozen + self.active.log_bytes());
+        let keep = (2 * self.memtable_limit()).saturating_sub(frozen + self.active.log_bytes());
         crate::reuse::release(done, &self.reuse, keep);
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);

@@ -17,6 +17,7 @@
 //! pending get is not seen by it, and a get submitted after the put sees it.
 
 mod background;
+mod budget;
 mod checkpoint;
 mod compact;
 mod flush;
@@ -154,6 +155,10 @@ pub struct MemoryUsage {
     /// and imports (read-ahead, write buffers): an upper estimate.
     pub background: usize,
     pub budget: usize,
+    /// The log bytes the active memtable freezes at: the configured
+    /// size, or less where indexes, filters and background work leave
+    /// less of the budget for memtables (see `budget`).
+    pub memtable_limit: usize,
 }
 
 impl MemoryUsage {
@@ -173,6 +178,7 @@ impl std::ops::Add for MemoryUsage {
             indexes_and_filters: self.indexes_and_filters + o.indexes_and_filters,
             background: self.background + o.background,
             budget: self.budget + o.budget,
+            memtable_limit: self.memtable_limit + o.memtable_limit,
         }
     }
 }
@@ -476,6 +482,8 @@ pub struct Store<I: Io> {
     next_index: Option<HugeArray<u64>>,
     /// Whether the active memtable's `after_write` looked for one.
     next_index_looked: bool,
+    /// See `Store::memtable_limit`.
+    memtable_limit: usize,
     /// The shard's time background steps may take (see `crate::pace`).
     pacer: crate::pace::Pacer,
     stats: StoreStats,
@@ -902,7 +910,8 @@ impl<I: Io> Store<I> {
                 .unwrap_or(0),
         );
         let memtable_entries = initial_entries(&cfg);
-        let reuse = Arc::new(crate::reuse::Reuse::new(2 * cfg.memtable_bytes()));
+        let memtable_limit = cfg.memtable_bytes();
+        let reuse = Arc::new(crate::reuse::Reuse::new(2 * memtable_limit));
         let mut store = Store {
             cache: BlockCache::new(cfg.memory_budget / 2),
             active: Memtable::new(memtable_entries),
@@ -939,6 +948,7 @@ impl<I: Io> Store<I> {
             unlinks: 0,
             next_index: None,
             next_index_looked: false,
+            memtable_limit,
             reuse,
             stats: StoreStats {
                 torn_kept: report.torn.len(),
@@ -1015,48 +1025,6 @@ impl<I: Io> Store<I> {
         &self.cfg
     }
 
-    /// Memory in use, by part.
-    pub fn memory(&self) -> MemoryUsage {
-        MemoryUsage {
-            memtables: self.active.memory_bytes()
-                + self.reuse.bytes()
-                + self.next_index.as_ref().map_or(0, |i| i.len() * 8)
-                + self
-                    .frozen
-                    .iter()
-                    .map(|(_, m)| m.memory_bytes())
-                    .sum::<usize>(),
-            block_cache: self.cache.bytes(),
-            indexes_and_filters: self.segments.iter().map(|s| s.memory_bytes()).sum(),
-            background: self.background_bytes(),
-            budget: self.cfg.memory_budget,
-        }
-    }
-
-    /// What a flush or compaction in progress may hold (see
-    /// [`MemoryUsage::background`]).
-    /// Per job: its write buffers (in flight, one filling, the tail), a
-    /// filter hash per record (the writer keeps them until the filter is
-    /// built); for a flush its sort (64 bytes per live key, see
-    /// `crate::sorted`, and the last one's kept for the next), for a
-    /// compaction its read-ahead and its output's index and filter, twice
-    /// (as built, and as encoded by `finish`).
-    fn background_bytes(&self) -> usize {
-        let writer = (segment::MAX_WRITES_IN_FLIGHT + 2) * (segment::WRITE_CHUNK + 64 * 1024);
-        let flush = self.flush.as_ref().map_or(0, |j| {
-            writer
-                + match &j.order {
-                    FlushOrder::Sorting(s) => s.bytes(),
-                    FlushOrder::Sorted(s, _) => s.bytes(),
-                }
-        });
-        flush
-            + self.sort_buffers.bytes()
-            + self.compact.as_ref().map_or(0, |j| writer + j.reserve)
-            + self.exports.iter().map(|(_, e)| e.reserve).sum::<usize>()
-            + self.imports.iter().map(|(_, i)| i.reserve()).sum::<usize>()
-    }
-
     /// How much room writes have left before they must wait for a flush:
     /// 1.0 while no flush is behind, falling to 0.0 as the memtables
     /// approach two memtables' worth (one flushing, one filled after
@@ -1092,8 +1060,11 @@ impl<I: Io> Store<I> {
         if self.frozen.is_empty() {
             return 1.0;
         }
-        let m = self.cfg.memtable_bytes().max(1);
-        (self.write_room() as f64 / m as f64).min(1.0)
+        // A memtable holds whole chunks: the plan's room for one.
+        let m = self
+            .memtable_limit()
+            .next_multiple_of(crate::memtable::CHUNK);
+        (self.write_room() as f64 / m.max(1) as f64).min(1.0)
     }
 
     /// Bytes writes may add before the memtables (the active one, and
@@ -1106,8 +1077,11 @@ impl<I: Io> Store<I> {
     /// all the memory they hold: checkpoints freeze memtables early, and
     /// many small ones waiting for their flushes each hold a log chunk and
     /// an index (the hostile soak piled up fourteen). The active one counts
-    /// its log and index as they grow (its chunks mapped ahead are in the
-    /// plan), so the room falls a write at a time. With background work
+    /// its log and index as they grow, so the room falls a write at a
+    /// time; its chunk being filled and those mapped ahead are held beside
+    /// that, and the room leaves them their place in the plan (without it
+    /// the memtables passed the plan by those three chunks, a test on a
+    /// 48 MiB budget found). With background work
     /// failing (a full disk) it is unbounded: writes go on until the
     /// memtables pass the whole budget and are refused with the failure as
     /// their cause (`check_memory`), rather than wait in silence for as
@@ -1118,22 +1092,8 @@ impl<I: Io> Store<I> {
         }
         let frozen: usize = self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum();
         let used = frozen + self.active.written_bytes();
-        self.memtable_plan().saturating_sub(used)
-    }
-
-    /// The memory the budget plans for memtables: two full ones (one
-    /// flushing, one filling), each its log and its index (as large as the
-    /// largest one now: small records grow an index past the size it
-    /// starts with), and the filling one's chunks mapped ahead.
-    fn memtable_plan(&self) -> usize {
-        use crate::memtable::{CHUNK, SPARES_AHEAD};
-        let index = std::iter::once(&self.active)
-            .chain(self.frozen.iter().map(|(_, m)| &**m))
-            .map(|m| m.index_range().1)
-            .max()
-            .unwrap_or(0)
-            .max(Memtable::index_len(initial_entries(&self.cfg)) * 8);
-        2 * (self.cfg.memtable_bytes().next_multiple_of(CHUNK) + index) + (SPARES_AHEAD + 1) * CHUNK
+        let ahead = (crate::memtable::SPARES_AHEAD + 1) * crate::memtable::CHUNK;
+        self.memtable_plan().saturating_sub(used + ahead)
     }
 
     /// The caller spent `busy` on requests since its last `poll`: flush
@@ -1276,24 +1236,6 @@ impl<I: Io> Store<I> {
         self.stopping = true;
         self.drop_compaction();
         self.rebalance_cache();
-    }
-
-    /// The cache gets whatever the budget leaves after memtables and
-    /// segment metadata.
-    pub(super) fn rebalance_cache(&mut self) {
-        let m = self.memory();
-        // The active memtable grows to its limit before the next rebalance
-        // (at its freeze): the cache leaves room for all of it, so the
-        // memtables, the cache and the indexes together stay in budget.
-        // What it grows into from the reuse pool is counted already.
-        let growth = self
-            .cfg
-            .memtable_bytes()
-            .saturating_sub(self.active.log_bytes() + self.reuse.chunk_bytes());
-        let others = m.memtables + growth + m.indexes_and_filters + m.background;
-        let left = self.cfg.memory_budget.saturating_sub(others);
-        self.cache
-            .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
     }
 
     /// Whether a key-group delete removed `key` from a layer of `order`.

@@ -51,8 +51,7 @@ const EXPORT_WINDOW: usize = 64 << 20;
 /// flight and one being consumed.
 const EXPORT_LAYER_MIN: usize = 8 * ALIGN * 2;
 /// What an import's file writer holds: its write buffers.
-const IMPORT_WRITER_BYTES: usize =
-    (segment::MAX_WRITES_IN_FLIGHT + 2) * (segment::WRITE_CHUNK + 64 * 1024);
+const IMPORT_WRITER_BYTES: usize = segment::WRITER_BYTES;
 /// Bytes one `export_fill` writes at most: bounds the pause it costs the
 /// other work of the thread that calls it.
 const FILL_BUDGET: usize = 1 << 20;

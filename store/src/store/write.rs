@@ -168,14 +168,14 @@ impl<I: Io> Store<I> {
     }
 
     pub(super) fn after_write(&mut self) {
-        if self.active.log_bytes() >= self.cfg.memtable_bytes() {
+        if self.active.log_bytes() >= self.memtable_limit() {
             self.freeze();
         }
         let reuse = &self.reuse;
         if let Some((addr, len)) = self.active.keep_spares(|| reuse.take_chunk()) {
             self.io.prefault(addr, len);
         }
-        if !self.next_index_looked && self.active.log_bytes() >= self.cfg.memtable_bytes() / 2 {
+        if !self.next_index_looked && self.active.log_bytes() >= self.memtable_limit() / 2 {
             self.make_next_index();
         }
     }
@@ -220,7 +220,7 @@ impl<I: Io> Store<I> {
         // at twice that, not at the size a full memtable needs, so frequent
         // checkpoints do not allocate and zero a large index each time.
         let full = initial_entries(&self.cfg);
-        let entries = if self.active.log_bytes() >= self.cfg.memtable_bytes() {
+        let entries = if self.active.log_bytes() >= self.memtable_limit() {
             full
         } else {
             (self.active.len() * 2).max(1 << 14).min(full)
