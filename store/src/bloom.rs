@@ -14,8 +14,6 @@
 //! filter of `blocks / k` blocks (`floor(floor(y) / k) = floor(y / k)`),
 //! and the format and readers do not change.
 
-use crate::aligned::AlignedBuf;
-
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Bits per key.
@@ -174,13 +172,31 @@ impl Bloom {
         8 + self.words.len() * 8
     }
 
-    /// Serialized form: `u32 probes | u32 blocks | words (LE)`.
-    pub fn encode(&self, out: &mut AlignedBuf) {
-        out.extend_from_slice(&self.probes.to_le_bytes());
-        out.extend_from_slice(&(self.blocks() as u32).to_le_bytes());
-        for w in &self.words {
+    /// Serialized form: `u32 probes | u32 blocks | words (LE)`; in
+    /// pieces, [`Bloom::encode_head`] then [`Bloom::encode_words`].
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.encode_head());
+        self.encode_words(0, self.word_count(), out);
+    }
+
+    /// The first 8 bytes of [`Bloom::encode`]'s form.
+    pub fn encode_head(&self) -> [u8; 8] {
+        let mut h = [0; 8];
+        h[..4].copy_from_slice(&self.probes.to_le_bytes());
+        h[4..].copy_from_slice(&(self.blocks() as u32).to_le_bytes());
+        h
+    }
+
+    /// Words `from..to` of [`Bloom::encode`]'s form.
+    pub fn encode_words(&self, from: usize, to: usize, out: &mut Vec<u8>) {
+        for w in &self.words[from..to] {
             out.extend_from_slice(&w.to_le_bytes());
         }
+    }
+
+    /// The number of 8-byte words.
+    pub fn word_count(&self) -> usize {
+        self.words.len()
     }
 
     /// Parses [`Bloom::encode`]'s output; `None` when malformed.
@@ -218,7 +234,7 @@ mod tests {
             .count();
         let rate = fp as f64 / n as f64;
         assert!(rate < 0.03, "false-positive rate {rate}");
-        let mut enc = AlignedBuf::with_capacity(f.encoded_len());
+        let mut enc = Vec::new();
         f.encode(&mut enc);
         assert_eq!(enc.len(), f.encoded_len());
         assert_eq!(Bloom::decode(&enc), Some(f.clone()));

@@ -9,7 +9,7 @@
 //! unvalidated form: lengths are checked before use and a checksum that
 //! fails is an error naming the file and offset, never data.
 
-use crate::aligned::{ALIGN, AlignedBuf};
+use crate::aligned::ALIGN;
 
 /// Footer magic.
 pub const FOOTER_MAGIC: [u8; 8] = *b"STATSEG1";
@@ -617,10 +617,16 @@ impl BlockIndex {
     }
 
     /// Serialized form: `u32 count`, then per block `u64 offset | u32 len |
-    /// u16 key_len | key`.
-    pub fn encode(&self, out: &mut AlignedBuf) {
+    /// u16 key_len | key`; in pieces, the count then
+    /// [`BlockIndex::encode_blocks`].
+    pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&(self.len() as u32).to_le_bytes());
-        for i in 0..self.len() {
+        self.encode_blocks(0, self.len(), out);
+    }
+
+    /// Blocks `from..to` of [`BlockIndex::encode`]'s form.
+    pub fn encode_blocks(&self, from: usize, to: usize, out: &mut Vec<u8>) {
+        for i in from..to {
             out.extend_from_slice(&self.offsets[i].to_le_bytes());
             out.extend_from_slice(&self.lens[i].to_le_bytes());
             let k = self.last_key(i);

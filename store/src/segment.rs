@@ -385,6 +385,24 @@ impl FilterBuild {
     }
 }
 
+/// Where a writer's meta region (filter, then index) has got to.
+struct MetaProgress {
+    /// Where data ends and the meta region begins.
+    data_len: u64,
+    /// CRC32C of the meta bytes so far.
+    crc: u32,
+    at: MetaAt,
+}
+
+/// The next piece of the meta region.
+#[derive(Clone, Copy)]
+enum MetaAt {
+    /// The filter's words from this one (its head is written).
+    Filter(usize),
+    /// The index's blocks from this one (its count is written).
+    Index(usize),
+}
+
 /// Streams a segment to disk. Writes complete asynchronously; the owner
 /// routes their completions back with [`SegmentWriter::write_done`].
 pub struct SegmentWriter {
@@ -413,6 +431,10 @@ pub struct SegmentWriter {
     /// zeroing pass and page faults).
     spare: Vec<AlignedBuf>,
     finished_data: bool,
+    /// The meta region in progress (see `finish_until`).
+    meta: Option<MetaProgress>,
+    /// One run of meta bytes, reused.
+    meta_run: Vec<u8>,
     /// Copies of the data blocks sealed since the last `take_sealed`, by
     /// block number, when the owner asked for them (`keep_blocks`).
     sealed: Option<Vec<(u32, AlignedBuf)>>,
@@ -480,6 +502,8 @@ impl SegmentWriter {
             fsync_issued: false,
             spare: Vec::new(),
             finished_data: false,
+            meta: None,
+            meta_run: Vec::new(),
             sealed: None,
         })
     }
@@ -575,46 +599,135 @@ impl SegmentWriter {
         self.offset += len;
     }
 
-    /// Writes the last block, the filter, the index and the footer.
+    /// Writes the last block, the filter, the index and the footer, in
+    /// one go (see [`SegmentWriter::finish_until`]).
     pub fn finish<I: Io>(&mut self, io: &mut I) {
+        let done = self.finish_steps(io, None);
+        debug_assert!(done);
+    }
+
+    /// [`SegmentWriter::finish`] in steps that end at `deadline` or when
+    /// the writer's buffers are all with the disk ([`write_room`]): the
+    /// filter's last work (see [`SegmentWriter::fill_filter`]), then the
+    /// filter and the index encoded a run at a time into the write
+    /// buffers (never whole: a compaction's are tens of megabytes, one
+    /// more copy of them in memory and a pass of milliseconds), then the
+    /// footer. True once it is all issued; call it again until then.
+    ///
+    /// [`write_room`]: SegmentWriter::write_room
+    pub fn finish_until<I: Io>(&mut self, io: &mut I, deadline: std::time::Instant) -> bool {
+        self.finish_steps(io, Some(deadline))
+    }
+
+    fn finish_steps<I: Io>(&mut self, io: &mut I, deadline: Option<std::time::Instant>) -> bool {
+        use std::time::Instant;
+        if self.finished {
+            return true;
+        }
+        let until =
+            deadline.unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600));
+        if !self.fill_filter_until(until) {
+            return false;
+        }
+        let mut meta = match self.meta.take() {
+            Some(m) => m,
+            None => self.start_meta(io),
+        };
+        loop {
+            if deadline.is_some_and(|d| !self.write_room() || Instant::now() >= d) {
+                self.meta = Some(meta);
+                return false;
+            }
+            let FilterBuild::Built(filter) = &self.filter else {
+                unreachable!("start_meta built the filter")
+            };
+            // A run: 4 KiB of filter, or up to 64 index entries.
+            let mut run = std::mem::take(&mut self.meta_run);
+            run.clear();
+            meta.at = match meta.at {
+                MetaAt::Filter(w) if w < filter.word_count() => {
+                    let end = (w + 512).min(filter.word_count());
+                    filter.encode_words(w, end, &mut run);
+                    MetaAt::Filter(end)
+                }
+                MetaAt::Filter(_) => {
+                    run.extend_from_slice(&(self.index.len() as u32).to_le_bytes());
+                    MetaAt::Index(0)
+                }
+                MetaAt::Index(i) if i < self.index.len() => {
+                    let end = (i + 64).min(self.index.len());
+                    self.index.encode_blocks(i, end, &mut run);
+                    MetaAt::Index(end)
+                }
+                MetaAt::Index(_) => break,
+            };
+            self.push_meta(io, &mut meta, &run);
+            self.meta_run = run;
+        }
+        self.end_meta(io, meta);
+        true
+    }
+
+    /// Seals the last data block and begins the meta region after it
+    /// (block-aligned, in the same write buffer) with the filter's head.
+    fn start_meta<I: Io>(&mut self, io: &mut I) -> MetaProgress {
         if !self.block.is_empty() {
             self.finish_block(io);
         }
-        // The last data write needs no buffer after it, and none is kept.
-        self.finished_data = true;
-        self.spare = Vec::new();
-        self.flush_buf(io, 0);
-        let data_len = self.offset;
-        self.fill_filter(usize::MAX);
         let filter = self.filter.take();
-        // Encoded straight into the write buffer: one copy beside the
-        // parsed filter and index, not two.
+        let mut meta = MetaProgress {
+            data_len: self.offset + self.buf.len() as u64,
+            crc: 0,
+            at: MetaAt::Filter(0),
+        };
+        self.push_meta(io, &mut meta, &filter.encode_head());
+        self.filter = FilterBuild::Built(filter);
+        meta
+    }
+
+    /// Appends meta bytes to the write buffer, writing it each time it is
+    /// full to its last whole page (every write but the last is of whole
+    /// pages at a page-aligned offset, as O_DIRECT needs).
+    fn push_meta<I: Io>(&mut self, io: &mut I, meta: &mut MetaProgress, mut bytes: &[u8]) {
+        meta.crc = crc32c::crc32c_append(meta.crc, bytes);
+        while !bytes.is_empty() {
+            let full = self.buf.capacity() / ALIGN * ALIGN;
+            let n = (full - self.buf.len()).min(bytes.len());
+            self.buf.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.buf.len() == full {
+                self.flush_buf(io, 0);
+            }
+        }
+    }
+
+    /// Writes the meta region's last page and records the footer, to be
+    /// written once all before it is durable.
+    fn end_meta<I: Io>(&mut self, io: &mut I, meta: MetaProgress) {
+        let FilterBuild::Built(filter) = &self.filter else {
+            unreachable!("start_meta built the filter")
+        };
         let filter_len = filter.encoded_len() as u64;
         let index_len = self.index.encoded_len() as u64;
-        let meta_len = (filter_len + index_len) as usize;
-        let mut tail = AlignedBuf::with_capacity(meta_len.next_multiple_of(ALIGN));
-        filter.encode(&mut tail);
-        self.index.encode(&mut tail);
-        debug_assert_eq!(tail.len(), meta_len);
-        let meta_crc = crc32c::crc32c(&tail);
-        tail.pad_to_align();
+        debug_assert_eq!(
+            self.offset + self.buf.len() as u64,
+            meta.data_len + filter_len + index_len
+        );
+        // The last write needs no buffer after it, and none is kept.
+        self.finished_data = true;
+        self.spare = Vec::new();
+        self.buf.pad_to_align();
+        self.flush_buf(io, 0);
         self.footer.records = self.records;
-        self.footer.data_len = data_len;
-        self.footer.filter_off = data_len;
+        self.footer.data_len = meta.data_len;
+        self.footer.filter_off = meta.data_len;
         self.footer.filter_len = filter_len;
-        self.footer.index_off = data_len + filter_len;
+        self.footer.index_off = meta.data_len + filter_len;
         self.footer.index_len = index_len;
         self.footer.min_kg = if self.records == 0 { 0 } else { self.min_kg };
         self.footer.max_kg = self.max_kg;
         self.footer.blocks = self.index.len() as u32;
-        self.footer.meta_crc = meta_crc;
-        let len = tail.len() as u64;
-        if self.error.is_none() {
-            self.bytes_in_flight += tail.len();
-            io.write(self.file, self.offset, tail, self.token);
-            self.writes_in_flight += 1;
-        }
-        self.offset += len;
+        self.footer.meta_crc = meta.crc;
         // The footer is written only after everything before it is durable
         // (see `write_footer`): a valid footer then proves a whole file,
         // even if the device reorders writes at a power loss.
@@ -624,7 +737,7 @@ impl SegmentWriter {
         self.footer_page = Some((self.offset, page));
         self.offset += ALIGN as u64;
         self.finished = true;
-        self.filter = FilterBuild::Built(filter);
+        self.meta_run = Vec::new();
     }
 
     /// Once every write is acknowledged, issues the next fsync (tagged
@@ -723,11 +836,10 @@ impl SegmentWriter {
     /// Does up to `n` more pieces of the filter's last work: inserting the
     /// hashes kept for it, or (after [`SegmentWriter::expect_at_most`])
     /// folding it towards the records added, a block at a time; true once
-    /// it is done. Call it only after the last `add`. An owner that must
-    /// not stall (a shard thread) calls it in bounded steps before
-    /// `finish`, which otherwise does it all in one go (a random write
-    /// per key into a filter of megabytes, or a pass over it).
-    pub fn fill_filter(&mut self, n: usize) -> bool {
+    /// it is done. Called after the last `add`, in bounded steps by
+    /// `finish_until` (a random write per key into a filter of megabytes,
+    /// or a pass over it).
+    fn fill_filter(&mut self, n: usize) -> bool {
         let records = self.records as usize;
         match &mut self.filter {
             FilterBuild::Hashes {
@@ -776,7 +888,7 @@ impl SegmentWriter {
 
     /// [`SegmentWriter::fill_filter`] in runs of 256 keys (a random write
     /// each) until the filter is full (true) or `deadline` passes.
-    pub fn fill_filter_until(&mut self, deadline: std::time::Instant) -> bool {
+    fn fill_filter_until(&mut self, deadline: std::time::Instant) -> bool {
         loop {
             if self.fill_filter(256) {
                 return true;

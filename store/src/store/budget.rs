@@ -3,8 +3,8 @@
 //! cache.
 //!
 //! Indexes and filters grow with the state, and so does background work:
-//! a compaction of every layer holds its output's index and filter twice
-//! (as built and as encoded). The memtables give way to them: the size
+//! a compaction of every layer holds an index and filter as large as all
+//! of theirs while it builds its output. The memtables give way to them: the size
 //! the active memtable freezes at (the *limit*) is what the budget leaves
 //! for two memtables (one flushing, one filling) and a flush's sort once
 //! the indexes and filters, a compaction of all of them, the writers, the
@@ -55,8 +55,7 @@ impl<I: Io> Store<I> {
     /// a flush its sort (64 bytes per live key, see `crate::sorted`, and
     /// the last one's kept for the next) and its output's filter (built as
     /// records come, 10 bits a key); for a compaction its read-ahead and
-    /// its output's index and filter, twice (as built, and as encoded by
-    /// `finish`).
+    /// its output's index and filter as they are built.
     pub(super) fn background_bytes(&self) -> usize {
         let flush = self.flush.as_ref().map_or(0, |j| {
             segment::WRITER_BYTES
@@ -106,8 +105,8 @@ impl<I: Io> Store<I> {
     fn plan_memtable_limit(&self, m: &MemoryUsage) -> usize {
         let configured = self.cfg.memtable_bytes();
         // A flush's writer and a compaction's; a compaction of every
-        // layer: its output's index and filter twice, a read window each.
-        let compaction = 2 * m.indexes_and_filters
+        // layer: its output's index and filter, a read window each.
+        let compaction = m.indexes_and_filters
             + self.segments.len() * COMPACT_READ_BLOCKS * crate::aligned::ALIGN;
         let fixed = m.indexes_and_filters
             + 2 * segment::WRITER_BYTES

@@ -108,11 +108,12 @@ impl<I: Io> Store<I> {
             .map(|s| Cursor::new(s.clone(), COMPACT_READ_BLOCKS, 1))
             .collect();
         // The output's filter and index as built (no larger than the
-        // inputs' together: the filter is sized for their records) and
-        // as encoded by `finish`, and each input's read window.
+        // inputs' together: the filter is sized for their records; they
+        // are written in pieces through the writer's buffers), and each
+        // input's read window.
         let reserve = inputs
             .iter()
-            .map(|s| 2 * s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
+            .map(|s| s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
             .sum();
         self.compact = Some(CompactJob {
             inputs,
@@ -209,12 +210,11 @@ impl<I: Io> Store<I> {
                 }
             }
             let Some(min) = min else {
-                // The filter, in steps of the same deadline (a
-                // random write per key).
-                if !j.writer.fill_filter_until(deadline) {
+                // The filter's last work, then it and the index
+                // written, in steps of the same deadline.
+                if !j.writer.finish_until(&mut self.io, deadline) {
                     return;
                 }
-                j.writer.finish(&mut self.io);
                 j.syncing = true;
                 return self.maybe_sync_compaction();
             };

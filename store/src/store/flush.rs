@@ -101,12 +101,11 @@ impl<I: Io> Store<I> {
                 return;
             }
             let Some(addr) = addrs.get(*next) else {
-                // Then the filter, in steps of the same deadline (a
-                // random write per key).
-                if !j.writer.fill_filter_until(deadline) {
+                // Then the filter's last work, then it and the index
+                // written, in steps of the same deadline.
+                if !j.writer.finish_until(&mut self.io, deadline) {
                     return;
                 }
-                j.writer.finish(&mut self.io);
                 j.syncing = true;
                 return self.maybe_sync_flush();
             };
