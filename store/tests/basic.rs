@@ -5,7 +5,9 @@ mod common;
 use common::{Owned, run};
 
 use stator_store::io::{Io, SyncIo, UringIo};
-use stator_store::{CheckpointSpec, IterMode, KeyRef, Op, StateKind, Store, StoreConfig};
+use stator_store::{
+    CheckpointSpec, IterMode, KeyRef, Op, StateKind, Store, StoreConfig, Submitted,
+};
 
 fn k(kg: u16, key: &[u8]) -> KeyRef<'_> {
     KeyRef {
@@ -925,4 +927,64 @@ fn a_meta_region_written_in_pieces_reads_back() {
         run(&mut s, Op::Get(k(3, b"absent"))).unwrap(),
         Owned::Value(None)
     );
+}
+
+/// Reads that miss the cache take their buffers from its budget: issued
+/// all at once, thousands of them passed it (and the memory budget) by
+/// tens of MiB; past the budget they wait for earlier ones, and every one
+/// completes with its value.
+#[test]
+fn reads_in_flight_stay_within_the_cache_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+    cfg.memtable_bytes = Some(4 << 20);
+    cfg.block_cache_max = Some(2 << 20);
+    let key = |i: u32| i.wrapping_mul(2_654_435_761).to_be_bytes();
+    let n = 100_000u32;
+    let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+    for i in 0..n {
+        run(
+            &mut s,
+            Op::Put(k((i % 61) as u16, &key(i)), &[i as u8; 100]),
+        )
+        .unwrap();
+    }
+    s.flush();
+    s.settle();
+    let budget = s.cache_budget();
+    assert!(budget <= 2 << 20);
+    // 4,000 gets spread over the state: most miss the cache.
+    let picked: Vec<u32> = (0..n).step_by(25).collect();
+    let mut pending = 0;
+    for &i in &picked {
+        match s
+            .submit(u64::from(i), Op::Get(k((i % 61) as u16, &key(i))))
+            .unwrap()
+        {
+            Submitted::Pending => pending += 1,
+            Submitted::Ready(o) => {
+                assert_eq!(Owned::from(o), Owned::Value(Some(vec![i as u8; 100])))
+            }
+        }
+        let cached = s.memory().block_cache;
+        assert!(
+            cached <= budget.max(1 << 20) + (64 << 10),
+            "{cached} bytes in the cache and lent to reads, budget {budget}"
+        );
+    }
+    assert!(pending > 1_000, "{pending} gets went to the disk");
+    let mut done = 0;
+    while done < pending {
+        s.poll(|t, r| {
+            let i = t as u32;
+            assert_eq!(
+                r.map(Owned::from).unwrap(),
+                Owned::Value(Some(vec![i as u8; 100])),
+                "key {i}"
+            );
+            done += 1;
+        });
+        let cached = s.memory().block_cache;
+        assert!(cached <= budget.max(1 << 20) + (64 << 10), "{cached}");
+    }
 }

@@ -451,6 +451,8 @@ pub struct Store<I: Io> {
     iters: Slab<PendingIter>,
     fetches: Pool<Fetch>,
     fetch_index: rustc_hash::FxHashMap<(u64, u32), usize>,
+    /// Fetches not issued yet, oldest first (see `Store::read_room`).
+    fetches_waiting: VecDeque<usize>,
     done: VecDeque<(u64, Result<Resolved, StoreError>)>,
     flush: Option<FlushJob>,
     compact: Option<CompactJob>,
@@ -929,6 +931,7 @@ impl<I: Io> Store<I> {
             iters: Slab::new(),
             fetches: Pool::default(),
             fetch_index: Default::default(),
+            fetches_waiting: VecDeque::new(),
             done: VecDeque::new(),
             flush: None,
             compact: None,
@@ -1247,6 +1250,10 @@ impl<I: Io> Store<I> {
 /// A read's block found before its turn: segment id, block number and
 /// the block (see `PendingRead::hint`).
 pub(super) type Hint = (u64, u32, Rc<Block>);
+
+/// Bytes of reads in flight a store lets through however small its cache
+/// budget (256 blocks of 4 KiB).
+const MIN_READ_BYTES: usize = 1 << 20;
 
 /// The newest layers whose filter lines a batched get loads ahead.
 const FILTERS_AHEAD: usize = 4;

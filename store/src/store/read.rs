@@ -479,7 +479,35 @@ impl<I: Io> Store<I> {
             retried: false,
         });
         self.fetch_index.insert((seg.id, block), fi);
-        self.issue_fetch(fi);
+        if self.fetches_waiting.is_empty() && self.read_room(fi) {
+            self.issue_fetch(fi);
+        } else {
+            self.fetches_waiting.push_back(fi);
+        }
+    }
+
+    /// Whether fetch `fi`'s read may be issued now: the buffers of reads
+    /// in flight are the cache's (see `BlockCache::buffer`), and issued
+    /// beyond its budget they would pass the memory budget (thousands of
+    /// gets that miss the cache, at 4 KiB each, held 64 MiB against a
+    /// cache squeezed to 27 in a full `stator-bench load` run). At least
+    /// [`MIN_READ_BYTES`] of reads are let through, and one always.
+    fn read_room(&self, fi: usize) -> bool {
+        let f = &self.fetches[fi];
+        let len = f.seg.index.block(f.block as usize).1 as usize;
+        let lent = self.cache.lent();
+        lent == 0 || lent + len <= self.cache.budget().max(MIN_READ_BYTES)
+    }
+
+    /// Issues the fetches waiting for [`Store::read_room`], in order.
+    fn issue_waiting_fetches(&mut self) {
+        while let Some(&fi) = self.fetches_waiting.front() {
+            if !self.read_room(fi) {
+                return;
+            }
+            self.fetches_waiting.pop_front();
+            self.issue_fetch(fi);
+        }
     }
 
     /// Reads fetch `fi`'s block, from the local disk or the remote tier.
@@ -504,10 +532,12 @@ impl<I: Io> Store<I> {
         if f.local {
             // The buffer the cache lent is the block's now, or dropped.
             self.cache.read_done(len as usize);
+            self.issue_waiting_fetches();
         }
         // Every local read returns what it was lent: a leak here would
         // shrink the cache for good.
         debug_assert!(self.fetches.len() > 0 || self.cache.lent() == 0);
+        debug_assert!(self.fetches_waiting.is_empty() || self.cache.lent() > 0);
         let result = match (c.result, c.buf, c.remote_block) {
             (Ok(n), Some(buf), _) if n == len as usize => Block::parse(buf)
                 .and_then(|b| f.seg.check_block(&b.view()).map(|()| Rc::new(b)))
