@@ -922,3 +922,53 @@ fn a_block_with_keys_out_of_order_is_corrupt() {
         r => panic!("{r:?}"),
     }
 }
+
+/// A flush that failed on a full disk has its file removed while the
+/// store goes on; a retry writes a file of the same name, so it waits for
+/// that unlink (created first, it failed with EEXIST and the unlink would
+/// then have removed the new file). The tmpfs test saw it by chance.
+#[test]
+fn a_retry_waits_for_the_failed_attempts_unlink() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
+    for i in 0..3000 {
+        run(&mut s, Op::Put(kr(&k(i)), &[3; 64])).unwrap();
+    }
+    s.io_mut().hold_unlinks();
+    s.io_mut().set_plan(Some(FaultPlan {
+        after: 0,
+        fault: Fault::NoSpace,
+        sticky: false,
+    }));
+    s.flush();
+    // The flush fails and its file's unlink is held; then retries come
+    // due while it is.
+    let mut polls = 0;
+    while s.stats().last_background_error.is_none() {
+        s.note_foreground(Duration::ZERO);
+        s.poll(|_, _| {});
+        polls += 1;
+        assert!(polls < 1_000_000, "the flush never failed");
+    }
+    let until = std::time::Instant::now() + Duration::from_millis(400);
+    while std::time::Instant::now() < until {
+        s.note_foreground(Duration::ZERO);
+        s.poll(|_, _| {});
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let err = s.stats().last_background_error.expect("the flush failed");
+    assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
+    assert_eq!(s.stats().flushes, 0);
+    s.io_mut().release_unlinks();
+    settle_fully(&mut s);
+    assert_eq!(s.stats().flushes, 1);
+    assert!(s.stats().last_background_error.is_none());
+    drop(s);
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    for i in (0..3000).step_by(7) {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![3; 64]))
+        );
+    }
+}

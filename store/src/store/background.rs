@@ -164,7 +164,7 @@ impl<I: Io> Store<I> {
                 tier::TAG_CACHE_WRITE => self.writeback_done(v as usize, c.result),
                 TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c),
                 TAG_UNLINK => {
-                    self.unlinks -= 1;
+                    self.unlinking.retain(|(serial, _)| *serial != v);
                     if c.result.is_err_and(|e| e != libc::ENOENT) {
                         self.stats.delete_failures += 1;
                     }
@@ -262,8 +262,18 @@ impl<I: Io> Store<I> {
     /// file's blocks are freed off the shard. The store stays busy until
     /// it completes; a failure counts in `StoreStats::delete_failures`.
     pub(super) fn unlink(&mut self, path: &Path) {
-        self.io.unlink(path, tag(TAG_UNLINK, 0));
-        self.unlinks += 1;
+        self.unlink_serial = (self.unlink_serial + 1) & 0xffff_ffff;
+        self.io.unlink(path, tag(TAG_UNLINK, self.unlink_serial));
+        self.unlinking
+            .push((self.unlink_serial, path.to_path_buf()));
+    }
+
+    /// Whether an unlink of `path` is in flight: a flush or compaction
+    /// retried after its output was abandoned writes a file of the same
+    /// name, which must wait for it (creating it first failed with
+    /// EEXIST, and the unlink would then remove the new file).
+    pub(super) fn unlink_pending(&self, path: &Path) -> bool {
+        self.unlinking.iter().any(|(_, p)| p == path)
     }
 
     /// Issues an fsync of the store directory (through the I/O layer, so

@@ -3,16 +3,21 @@
 //! cache.
 //!
 //! Indexes and filters grow with the state, and so does background work:
-//! a compaction of every layer holds an index and filter as large as all
-//! of theirs while it builds its output. The memtables give way to them: the size
-//! the active memtable freezes at (the *limit*) is what the budget leaves
-//! for two memtables (one flushing, one filling) and a flush's sort once
-//! the indexes and filters, a compaction of all of them, the writers, the
+//! a compaction holds an index and filter as large as all of its inputs'
+//! while it builds its output, and a compaction of every layer is as large
+//! as all of them. The memtables give way: the size the active memtable
+//! freezes at (the *limit*) is what the budget leaves for two memtables
+//! (one flushing, one filling) and a flush's sort once the indexes and
+//! filters, the compaction running or waiting to start, the writers, the
 //! snapshots in progress and a sixteenth of the budget for the cache are
 //! planned for; never above the configured size, nor under an eighth of
-//! it. The cache gets what is left at each rebalance. A full `stator-bench
-//! load` run, where only the cache gave way, held 338 MiB against a
-//! 256 MiB budget (benches/RESULTS.md).
+//! it. A compaction starts only when it fits beside the memtables as they
+//! are (`compaction_fits`); until then the plan holds its place, so the
+//! next memtables are smaller, and it starts a flush later. The cache gets
+//! what is left at each rebalance. A full `stator-bench load` run, where
+//! only the cache gave way, held 338 MiB against a 256 MiB budget; planning
+//! a compaction of every layer at all times kept it but shrank the
+//! memtable to its floor (benches/RESULTS.md).
 
 use super::*;
 use crate::memtable::{CHUNK, SPARES_AHEAD};
@@ -104,10 +109,12 @@ impl<I: Io> Store<I> {
     /// filters (see the module doc).
     fn plan_memtable_limit(&self, m: &MemoryUsage) -> usize {
         let configured = self.cfg.memtable_bytes();
-        // A flush's writer and a compaction's; a compaction of every
-        // layer: its output's index and filter, a read window each.
-        let compaction = m.indexes_and_filters
-            + self.segments.len() * COMPACT_READ_BLOCKS * crate::aligned::ALIGN;
+        // A flush's writer and a compaction's; the compaction running or
+        // the one waiting to start (see `Store::compaction_fits`).
+        let compaction = self
+            .compact
+            .as_ref()
+            .map_or(self.compaction_wanted, |j| j.reserve);
         let fixed = m.indexes_and_filters
             + 2 * segment::WRITER_BYTES
             + compaction
@@ -146,6 +153,34 @@ impl<I: Io> Store<I> {
             planned
         };
         limit.clamp(configured / LIMIT_FLOOR_DIVISOR, configured)
+    }
+
+    /// Whether a compaction that holds `reserve` may start: the memtables
+    /// (as planned, or as they are if more), indexes and filters,
+    /// background work and the cache's floor leave room for it. If not,
+    /// [`Store::want_compaction`] plans the memtables smaller and the
+    /// compaction starts once they have come down (a flush later); or at
+    /// once when the memtables are already at their floor (the budget is
+    /// then too small for the state, and is passed).
+    pub(super) fn compaction_fits(&self, reserve: usize) -> bool {
+        let m = self.memory();
+        let need = self.memtable_plan().max(m.memtables)
+            + m.indexes_and_filters
+            + m.background
+            + segment::WRITER_BYTES
+            + reserve
+            + self.cfg.memory_budget / CACHE_FLOOR_DIVISOR;
+        need <= self.cfg.memory_budget
+            || self.memtable_limit <= self.cfg.memtable_bytes() / LIMIT_FLOOR_DIVISOR
+    }
+
+    /// Records the reserve of the compaction waiting to start (0: none)
+    /// and plans for it.
+    pub(super) fn want_compaction(&mut self, reserve: usize) {
+        if self.compaction_wanted != reserve {
+            self.compaction_wanted = reserve;
+            self.rebalance_cache();
+        }
     }
 
     /// Plans the memtable limit for what the indexes, filters and

@@ -14,13 +14,13 @@ impl<I: Io> Store<I> {
         let mut t = self.cfg.compaction_trigger.max(2);
         let full = self.full_compaction_requested && self.segments.len() >= 2;
         if full {
-            // A requested major compaction: every segment into one.
-            self.full_compaction_requested = false;
+            // A requested major compaction: every segment into one (the
+            // request stands until it starts).
             // (Input numbers fit 12 bits of a read token.)
             t = self.segments.len().min(4095);
         } else if self.segments.len() < t {
             self.full_compaction_requested = false;
-            return;
+            return self.want_compaction(0);
         }
         // The newest window of `t` adjacent segments of similar size
         // (size-tiered: write amplification grows with log(data)).
@@ -69,7 +69,9 @@ impl<I: Io> Store<I> {
                 }
             }
         }
-        let Some(start) = window else { return };
+        let Some(start) = window else {
+            return self.want_compaction(0);
+        };
         let inputs: Vec<Rc<Segment>> = self.segments[start..start + t].to_vec();
         let bottom = start + t == self.segments.len();
         let order = inputs[0].footer.order;
@@ -84,6 +86,25 @@ impl<I: Io> Store<I> {
             .map(|s| s.footer.min_order)
             .min()
             .expect("t >= 2");
+        if self.unlink_pending(&self.cfg.dir.join(segment::file_name(order, generation))) {
+            // A failed attempt's file is still being removed.
+            return;
+        }
+        // The output's filter and index as built (no larger than the
+        // inputs' together: the filter is sized for their records; they
+        // are written in pieces through the writer's buffers), and each
+        // input's read window.
+        let reserve = inputs
+            .iter()
+            .map(|s| s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
+            .sum();
+        if !self.compaction_fits(reserve) {
+            return self.want_compaction(reserve);
+        }
+        self.want_compaction(0);
+        if full {
+            self.full_compaction_requested = false;
+        }
         self.job_serial = (self.job_serial + 1) & SERIAL_MASK;
         let serial = self.job_serial;
         let writer = match SegmentWriter::create(
@@ -107,14 +128,6 @@ impl<I: Io> Store<I> {
             .iter()
             .map(|s| Cursor::new(s.clone(), COMPACT_READ_BLOCKS, 1))
             .collect();
-        // The output's filter and index as built (no larger than the
-        // inputs' together: the filter is sized for their records; they
-        // are written in pieces through the writer's buffers), and each
-        // input's read window.
-        let reserve = inputs
-            .iter()
-            .map(|s| s.memory_bytes() + COMPACT_READ_BLOCKS * crate::aligned::ALIGN)
-            .sum();
         self.compact = Some(CompactJob {
             inputs,
             cursors,

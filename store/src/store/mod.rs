@@ -475,8 +475,9 @@ pub struct Store<I: Io> {
     reuse: Arc<crate::reuse::Reuse>,
     /// Since when writes have been stalled (see `write_headroom`).
     stalled_since: Option<Instant>,
-    /// Unlinks issued and not completed.
-    unlinks: usize,
+    /// Unlinks issued and not completed, by serial (see `Store::unlink`).
+    unlinking: Vec<(u64, PathBuf)>,
+    unlink_serial: u64,
     /// The last flush's sort memory, for the next (see `crate::sorted`).
     sort_buffers: crate::sorted::Buffers,
     /// The next memtable's index, made ahead of the first freeze (see
@@ -486,6 +487,9 @@ pub struct Store<I: Io> {
     next_index_looked: bool,
     /// See `Store::memtable_limit`.
     memtable_limit: usize,
+    /// The reserve of a compaction waiting for room (see
+    /// `Store::compaction_fits`); 0 when none waits.
+    compaction_wanted: usize,
     /// The shard's time background steps may take (see `crate::pace`).
     pacer: crate::pace::Pacer,
     stats: StoreStats,
@@ -948,10 +952,12 @@ impl<I: Io> Store<I> {
             stalled_since: None,
             pacer: Default::default(),
             sort_buffers: Default::default(),
-            unlinks: 0,
+            unlinking: Vec::new(),
+            unlink_serial: 0,
             next_index: None,
             next_index_looked: false,
             memtable_limit,
+            compaction_wanted: 0,
             reuse,
             stats: StoreStats {
                 torn_kept: report.torn.len(),
@@ -1205,7 +1211,7 @@ impl<I: Io> Store<I> {
             || !self.frozen.is_empty()
             || !self.retired.is_empty()
             || !self.awaiting_dir_sync.is_empty()
-            || self.unlinks > 0
+            || !self.unlinking.is_empty()
             || self.ckpt.markers.outstanding()
             || (self.full_compaction_requested && !self.stopping && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
