@@ -972,3 +972,35 @@ fn a_retry_waits_for_the_failed_attempts_unlink() {
         );
     }
 }
+
+/// A discarded checkpoint's manifest and marker are deleted through the
+/// I/O layer (the shard does not wait on the file system): they go when
+/// the unlinks complete, and the store serves meanwhile.
+#[test]
+fn a_discarded_checkpoints_files_go_through_the_io_layer() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), None)).unwrap();
+    run(&mut s, Op::Put(kr(&k(1)), b"v")).unwrap();
+    let handle = common::checkpoint(&mut s, spec(1)).unwrap();
+    settle_fully(&mut s);
+    let ckpt_files = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("ckpt-"))
+            .count()
+    };
+    assert!(ckpt_files(d.path()) > 0);
+    s.io_mut().hold_unlinks();
+    assert!(s.discard_checkpoint(&handle));
+    s.poll(|_, _| {});
+    assert!(ckpt_files(d.path()) > 0, "not deleted on the shard");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(1)))).unwrap(),
+        Owned::Value(Some(b"v".to_vec()))
+    );
+    s.io_mut().release_unlinks();
+    settle_fully(&mut s);
+    assert_eq!(ckpt_files(d.path()), 0);
+    assert_eq!(s.stats().delete_failures, 0);
+}

@@ -631,9 +631,9 @@ impl<I: Io> Store<I> {
         let name = manifest::file_name(p.manifest.seq);
         if let Some(f) = p.file {
             self.io.close(f);
-            let _ = std::fs::remove_file(self.cfg.dir.join(&name));
+            self.unlink(&self.cfg.dir.join(&name));
         } else if p.phase == Phase::Publishing {
-            let _ = std::fs::remove_file(self.cfg.dir.join(&name));
+            self.unlink(&self.cfg.dir.join(&name));
             if let Some(t) = self.tier.as_mut() {
                 t.delete(&name);
             }
@@ -797,8 +797,10 @@ impl<I: Io> Store<I> {
         let Some(r) = self.ckpt.retained.remove(&seq) else {
             return;
         };
-        let _ = std::fs::remove_file(self.cfg.dir.join(manifest::file_name(seq)));
-        let _ = std::fs::remove_file(self.cfg.dir.join(manifest::completed_name(seq)));
+        // (Through the I/O layer: a failure is counted, the shard does
+        // not wait.)
+        self.unlink(&self.cfg.dir.join(manifest::file_name(seq)));
+        self.unlink(&self.cfg.dir.join(manifest::completed_name(seq)));
         if let Some(t) = self.tier.as_mut() {
             t.delete(&manifest::file_name(seq));
             t.delete(&manifest::completed_name(seq));

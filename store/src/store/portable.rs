@@ -907,10 +907,17 @@ impl<I: Io> Store<I> {
             return;
         };
         imp.cancelled = true;
-        for w in imp.writers.iter().flatten() {
-            let _ = std::fs::remove_file(&w.path);
+        let in_flight = imp.in_flight();
+        let paths: Vec<PathBuf> = imp
+            .writers
+            .iter()
+            .flatten()
+            .map(|w| w.path.clone())
+            .collect();
+        for p in &paths {
+            self.unlink(p);
         }
-        if !imp.in_flight() {
+        if !in_flight {
             let imp = self.imports.remove(id);
             for w in imp.writers.into_iter().flatten() {
                 self.io.close(w.file);
@@ -1012,12 +1019,12 @@ impl<I: Io> Store<I> {
         }
         let layers = added.len() as u32;
         let paths: Vec<PathBuf> = added.iter().map(|s| s.path.clone()).collect();
-        self.install_layers(added, imp.spec.lo, imp.spec.hi, states)
-            .inspect_err(|_| {
-                for p in &paths {
-                    let _ = std::fs::remove_file(p);
-                }
-            })?;
+        if let Err(e) = self.install_layers(added, imp.spec.lo, imp.spec.hi, states) {
+            for p in &paths {
+                self.unlink(p);
+            }
+            return Err(e);
+        }
         Ok(Imported {
             chunks: d.chunks,
             groups: d.groups,
