@@ -125,11 +125,14 @@ const NO_ENTRY: u32 = u32::MAX;
 /// before it is read, so a batch of reads can load the slots, then the
 /// entries, then the blocks, each step overlapping across the batch
 /// (see `BlockCache::ahead`). A segment's array costs 4 bytes per block up
-/// to the highest one cached, until the segment is forgotten.
+/// to the highest one cached, until the segment is forgotten
+/// (`BlockCache::slot_bytes`).
 #[derive(Default)]
 struct Slots {
     by_seg: FxHashMap<u64, Vec<u32>>,
     len: usize,
+    /// Bytes the arrays hold (their capacity).
+    bytes: usize,
 }
 
 impl Slots {
@@ -148,7 +151,9 @@ impl Slots {
     fn set(&mut self, (seg, block): (u64, u32), e: usize) {
         let v = self.by_seg.entry(seg).or_default();
         if v.len() <= block as usize {
+            let before = v.capacity();
             v.resize(block as usize + 1, NO_ENTRY);
+            self.bytes += (v.capacity() - before) * 4;
         }
         if v[block as usize] == NO_ENTRY {
             self.len += 1;
@@ -171,6 +176,13 @@ impl Slots {
 
     fn len(&self) -> usize {
         self.len
+    }
+
+    /// Drops segment `seg`'s array (its blocks are gone).
+    fn forget(&mut self, seg: u64) {
+        if let Some(v) = self.by_seg.remove(&seg) {
+            self.bytes -= v.capacity() * 4;
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -455,13 +467,19 @@ impl BlockCache {
                 self.remove_at(i);
             }
         }
-        self.map.by_seg.remove(&seg);
+        self.map.forget(seg);
     }
 
     /// Bytes held: cached blocks, spare buffers and the buffers of reads
     /// in flight.
     pub fn bytes(&self) -> usize {
         self.bytes + self.spare_bytes + self.lent
+    }
+
+    /// Bytes of the per-segment slot arrays (segment metadata: the store
+    /// counts them with indexes and filters, not in the cache's budget).
+    pub fn slot_bytes(&self) -> usize {
+        self.map.bytes
     }
 
     /// The budget (see [`BlockCache::set_budget`]).
@@ -620,6 +638,8 @@ mod tests {
         assert!(c.take(c.advance(a)).is_none(), "not block 1 any more");
         assert!(c.ahead(7, 1) == Ahead::None, "the segment's slots went");
         consistent(&c);
+        c.forget_segment(9);
+        assert_eq!(c.slot_bytes(), 0, "every array given back");
         // Entries squeezed out between the steps (a read's fetch or a
         // budget change evicts mid-batch): a staged index past the end
         // gives nothing, no panic.
@@ -713,6 +733,8 @@ mod tests {
             assert_eq!(c.entries[i].as_ref().unwrap().key, k);
         }
         assert!(c.free.iter().all(|&i| c.entries[i].is_none()));
+        let slots: usize = c.map.by_seg.values().map(|v| v.capacity() * 4).sum();
+        assert_eq!(c.slot_bytes(), slots, "slot arrays counted as they are");
     }
 
     /// Holes are squeezed out once they outnumber the entries (the map

@@ -41,7 +41,12 @@ impl<I: Io> Store<I> {
                     .map(|(_, m)| m.memory_bytes())
                     .sum::<usize>(),
             block_cache: self.cache.bytes(),
-            indexes_and_filters: self.segments.iter().map(|s| s.memory_bytes()).sum(),
+            indexes_and_filters: self
+                .segments
+                .iter()
+                .map(|s| s.memory_bytes())
+                .sum::<usize>()
+                + self.cache.slot_bytes(),
             background: self.background_bytes(),
             budget: self.cfg.memory_budget,
             memtable_limit: self.memtable_limit,

@@ -148,6 +148,8 @@ impl StoreConfig {
 pub struct MemoryUsage {
     pub memtables: usize,
     pub block_cache: usize,
+    /// Segments' indexes and filters, and the block cache's per-segment
+    /// slot arrays (4 bytes per block up to the highest cached).
     pub indexes_and_filters: usize,
     /// Held by a flush or compaction in progress (write buffers, read-ahead,
     /// the output's index and filter as they grow, a flush's sort), the
