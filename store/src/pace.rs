@@ -9,12 +9,21 @@
 //! requests ([`crate::Store::note_foreground`]) and background steps earn
 //! time in proportion: a share of a quarter while writes have room,
 //! growing to all of it as the room runs out (see
-//! `Store::background_share`). A pass that found no request leaves the
-//! background free, in short steps: the next request (a task that reads
-//! one key at a time sends it microseconds after the last answer) waits
-//! for the step under way.
+//! `Store::background_share`). A pass that found no request runs short
+//! steps: the next request (a task that reads one key at a time sends it
+//! microseconds after the last answer) waits for the step under way. Such
+//! passes leave the background free once no request came for [`QUIET`],
+//! or while something presses (a share above [`BASE_SHARE`]: writes short
+//! of room, a checkpoint waiting for a flush or for compaction). Without
+//! pressure, in a synchronous task's gaps of a few microseconds a free
+//! step began before nearly every read, and a Flink job ran at a third of
+//! its rate for the seconds of a compaction (benches/RESULTS.md, "The
+//! job's compaction seconds"); there steps take their share.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long without a request before passes leave background work free.
+pub(crate) const QUIET: Duration = Duration::from_micros(50);
 
 /// A time budget for background steps, earned by foreground work.
 #[derive(Debug)]
@@ -25,9 +34,11 @@ pub(crate) struct Pacer {
     /// (or never says), or writes have no room left.
     unpaced: bool,
     /// The caller's last pass found no request (it said so): steps run
-    /// freely but short, since a request may arrive at any moment and
-    /// would wait for the step in progress.
+    /// short, since a request may arrive at any moment and would wait for
+    /// the step in progress.
     idle: bool,
+    /// When the caller last said it spent time on requests.
+    last_busy: Option<Instant>,
 }
 
 impl Default for Pacer {
@@ -36,6 +47,7 @@ impl Default for Pacer {
             credit: 0.0,
             unpaced: true,
             idle: false,
+            last_busy: None,
         }
     }
 }
@@ -48,12 +60,20 @@ impl Pacer {
     /// The caller spent `busy` on requests; background work is owed
     /// `share` of the time (0.0 to 1.0), holding at most `cap` in hand.
     pub(crate) fn foreground(&mut self, busy: Duration, share: f64, cap: Duration) {
-        self.unpaced = busy.is_zero();
-        // Short even while the room falls: between one-at-a-time
-        // requests the background has nearly all the time anyway, and
-        // full steps there cut such a caller's rate to a tenth (a Flink
-        // job measured 60 K records/s against 100-125 K in a flush's
-        // second). Not once writes are out of room.
+        if busy.is_zero() {
+            // Free after a quiet spell, or at once while something presses
+            // (writes short of room, a checkpoint waiting): see the module
+            // doc.
+            self.unpaced =
+                share > BASE_SHARE || self.last_busy.is_none_or(|t| t.elapsed() >= QUIET);
+        } else {
+            self.unpaced = false;
+            self.last_busy = Some(Instant::now());
+        }
+        // Short even while the room falls: full steps between
+        // one-at-a-time requests cut such a caller's rate to a tenth (a
+        // Flink job measured 60 K records/s against 100-125 K in a
+        // flush's second). Not once writes are out of room.
         self.idle = busy.is_zero() && share < 1.0;
         if share >= 1.0 {
             self.unpaced = true;
@@ -133,7 +153,13 @@ mod tests {
         p.spent(5 * MS);
         assert!(!p.allows());
         p.foreground(Duration::ZERO, 0.25, 10 * MS);
-        assert!(p.allows(), "no requests: background is free");
+        assert!(!p.allows(), "a gap between requests: still owed");
+        p.foreground(Duration::ZERO, 0.5, 10 * MS);
+        assert!(p.allows(), "a gap while a checkpoint waits: free");
+        p.foreground(Duration::ZERO, 0.25, 10 * MS);
+        std::thread::sleep(QUIET);
+        p.foreground(Duration::ZERO, 0.25, 10 * MS);
+        assert!(p.allows(), "no requests for a while: background is free");
         p.foreground(MS, 1.0, 10 * MS);
         assert!(p.allows(), "no room left: background takes what it needs");
     }

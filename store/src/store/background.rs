@@ -243,7 +243,12 @@ impl<I: Io> Store<I> {
         if self.compact.is_none() && self.flush.is_none() && self.frozen.is_empty() {
             self.maybe_start_compaction();
         }
-        if self.compact.is_some() && self.pacer.allows() {
+        // A flush that something presses (a checkpoint waiting, writes
+        // short of room) goes first: the two sharing the steps made a Flink job's checkpoints
+        // twice as long once compaction was paced in the task's gaps.
+        let flush_pressed =
+            self.flush.is_some() && self.background_share() > crate::pace::BASE_SHARE;
+        if self.compact.is_some() && self.pacer.allows() && !flush_pressed {
             let t = Instant::now();
             self.step_compaction();
             self.pacer.spent(t.elapsed());

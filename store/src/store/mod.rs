@@ -1122,7 +1122,7 @@ impl<I: Io> Store<I> {
     /// runs out; at least half while a checkpoint waits for a flush (the
     /// engine's barrier waits for it) or checkpoints wait for compaction
     /// (see [`Store::checkpoint_should_wait`]).
-    fn background_share(&self) -> f64 {
+    pub(super) fn background_share(&self) -> f64 {
         const BASE: f64 = crate::pace::BASE_SHARE;
         const AWAITED: f64 = 0.5;
         const FROM: f64 = 0.5;
