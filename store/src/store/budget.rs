@@ -166,7 +166,8 @@ impl<I: Io> Store<I> {
     /// [`Store::want_compaction`] plans the memtables smaller and the
     /// compaction starts once they have come down (a flush later); or at
     /// once when the memtables are already at their floor (the budget is
-    /// then too small for the state, and is passed).
+    /// then too small for the state, and is passed), or when checkpoints
+    /// wait for the backlog.
     pub(super) fn compaction_fits(&self, reserve: usize) -> bool {
         let m = self.memory();
         let need = self.memtable_plan().max(m.memtables)
@@ -175,8 +176,11 @@ impl<I: Io> Store<I> {
             + segment::WRITER_BYTES
             + reserve
             + self.cfg.memory_budget / CACHE_FLOOR_DIVISOR;
+        // Nor does a backlog wait that checkpoints wait for: room comes
+        // only with a flush, and a store without writes makes none.
         need <= self.cfg.memory_budget
             || self.memtable_limit <= self.cfg.memtable_bytes() / LIMIT_FLOOR_DIVISOR
+            || self.checkpoint_should_wait()
     }
 
     /// Records the reserve of the compaction waiting to start (0: none)
