@@ -246,8 +246,9 @@ impl<I: Io> Store<I> {
         // A flush that something presses (a checkpoint waiting, writes
         // short of room) goes first: the two sharing the steps made a Flink job's checkpoints
         // twice as long once compaction was paced in the task's gaps.
+        // (Not a backlog checkpoints wait for: that presses compaction.)
         let flush_pressed =
-            self.flush.is_some() && self.background_share() > crate::pace::BASE_SHARE;
+            self.flush.is_some() && (self.checkpoint_awaits_flush() || self.headroom() < 0.5);
         if self.compact.is_some() && self.pacer.allows() && !flush_pressed {
             let t = Instant::now();
             self.step_compaction();

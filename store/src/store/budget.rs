@@ -170,7 +170,11 @@ impl<I: Io> Store<I> {
     /// wait for the backlog.
     pub(super) fn compaction_fits(&self, reserve: usize) -> bool {
         let m = self.memory();
-        let need = self.memtable_plan().max(m.memtables)
+        // The reuse pool's chunks beyond the plan go back at the next
+        // flush; a store without writes makes none, so they do not hold a
+        // compaction back (it waited forever on an idle store).
+        let held = m.memtables.saturating_sub(self.reuse.chunk_bytes());
+        let need = self.memtable_plan().max(held)
             + m.indexes_and_filters
             + m.background
             + segment::WRITER_BYTES
