@@ -545,3 +545,55 @@ fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
         s.restore(&[h]).unwrap();
     }
 }
+
+/// Flink's discard of a checkpoint handle (a cancelled job's checkpoints,
+/// subsumed or aborted ones) reaches statord as a release by handle from
+/// any session of the operator: only the checkpoint it names goes, for its
+/// operator only, completed or not, and stays gone after a restart; a
+/// release repeats harmlessly; a handle that does not decode is refused.
+#[test]
+fn a_released_checkpoint_goes_for_its_operator_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start_with_config(tmp.path(), 64, "");
+    let m: BTreeMap<u64, u64> = (0..500).map(|k| (k, k + 1)).collect();
+    let mut handles = Vec::new();
+    for i in 0..2 {
+        let (mut s, st) = open(&d, "rel", i, 2);
+        put_all(&mut s, st, &m);
+        handles.push(checkpoint(&mut s, 1));
+        notify(&mut s, 1, Notify::Complete);
+    }
+    let release = |s: &mut Session, h: &[u8]| {
+        let c = run(s, &Request::checkpoint_release(h)).unwrap();
+        (c.status, c.aux)
+    };
+    // Another job's session (same operator name) holds none of them.
+    let (mut other, _) = open(&d, "rel-other", 0, 1);
+    assert_eq!(release(&mut other, &handles[1]), (Ok(Status::Ok), 0));
+    // A session of the job that is neither subtask (the JobManager's).
+    let (mut jm, _) = open(&d, "rel", 0, 1);
+    assert_eq!(release(&mut jm, &handles[1]), (Ok(Status::Ok), 1));
+    assert_eq!(release(&mut jm, &handles[1]), (Ok(Status::Ok), 0), "again");
+    let mut altered = handles[0].clone();
+    altered[9] ^= 0x40;
+    for (what, h) in [("altered", &altered[..]), ("short", &handles[0][..20])] {
+        assert_eq!(
+            release(&mut jm, h).0,
+            Ok(Status::BadArgument),
+            "an {what} handle"
+        );
+    }
+    drop((other, jm));
+    drop(d);
+    let d = Daemon::start_with_config(tmp.path(), 64, "");
+    let (mut s1, _) = open(&d, "rel", 1, 2);
+    match s1.restore(&[&handles[1]]) {
+        Err(Error::Refused { status, message }) => {
+            assert_eq!(status, RESTORE_REFUSED, "{message}")
+        }
+        other => panic!("a released checkpoint restored: {other:?}"),
+    }
+    let (mut s0, st0) = open(&d, "rel", 0, 2);
+    s0.restore(&[&handles[0]]).unwrap();
+    check(&mut s0, st0, 500, &m, "the subtask whose checkpoint stays");
+}

@@ -628,6 +628,56 @@ fn discarded_checkpoints_are_gone_and_completed_ones_stay() {
     );
 }
 
+/// A checkpoint the engine released (Flink discarded it) goes, completed
+/// or not, but only for its owner and only the one the handle names; a
+/// release repeats harmlessly, and a handle that does not decode is refused.
+#[test]
+fn released_checkpoints_go_for_their_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    let k = (0usize, 1u16, 0u8);
+    run(&mut s, Op::Put(kr(&k, 0), b"v")).unwrap();
+    let h1 = checkpoint(&mut s, whole(1)).unwrap();
+    let h2 = checkpoint(&mut s, whole(2)).unwrap();
+    s.checkpoint_notify(OWNERS[0], 1, Notify::Complete);
+    assert_eq!(s.stats().checkpoints_retained, 2);
+    assert!(
+        !s.release_checkpoint(OWNERS[1], &h1).unwrap(),
+        "another owner's"
+    );
+    assert!(
+        s.release_checkpoint(OWNERS[0], &h1).unwrap(),
+        "a completed one goes"
+    );
+    assert!(!s.release_checkpoint(OWNERS[0], &h1).unwrap(), "only once");
+    let mut altered = h2.clone();
+    altered[10] ^= 1;
+    assert!(matches!(
+        s.release_checkpoint(OWNERS[0], &altered),
+        Err(StoreError::Restore(_))
+    ));
+    assert!(matches!(
+        s.release_checkpoint(OWNERS[0], &h2[..20]),
+        Err(StoreError::Restore(_))
+    ));
+    assert_eq!(s.stats().checkpoints_retained, 1);
+    assert!(matches!(
+        s.restore(WHOLE, &[&h1]),
+        Err(StoreError::Restore(_))
+    ));
+    s.restore(WHOLE, &[&h2]).unwrap();
+    assert!(
+        s.release_checkpoint(OWNERS[0], &h2).unwrap(),
+        "an uncompleted one goes"
+    );
+    assert_eq!(s.stats().checkpoints_retained, 0);
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k, 0))).unwrap(),
+        Owned::Value(Some(b"v".to_vec())),
+        "the live state restored from it stays"
+    );
+}
+
 /// The bound on checkpoints neither completed nor aborted is per key-group
 /// range (one engine subtask): more subtasks of one operator than the bound
 /// all checkpoint at one barrier, and only a range that piles up more is

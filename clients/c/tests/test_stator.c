@@ -852,6 +852,17 @@ static void test_checkpoints_and_snapshots(void) {
     OK(stator_flush(s));
     OK(stator_wait(s, -1));
     CHECK(one(s).user_data == 99);
+    /* The engine discarded the checkpoint: released once (aux 1), then gone. */
+    OK(stator_checkpoint_release(s, handle, handle_len, 100));
+    c = one(s);
+    CHECK(c.user_data == 100 && c.status == STATOR_OK && c.aux == 1);
+    OK(stator_checkpoint_release(s, handle, handle_len, 101));
+    c = one(s);
+    CHECK(c.status == STATOR_OK && c.aux == 0);
+    OK(stator_checkpoint_release(s, garbage, 24, 102));
+    CHECK(one(s).status == STATOR_E_BAD_ARGUMENT);
+    CHECK_RC(stator_checkpoint_release(s, NULL, 24, 103), STATOR_E_NULL);
+    CHECK_RC(stator_restore(s, &h, 1, NULL, NULL), STATOR_E_REFUSED);
     OK(stator_free(s));
 
     /* Import the portable snapshot into another job, at parallelism 1. */

@@ -792,6 +792,23 @@ impl<I: Io> Store<I> {
         true
     }
 
+    /// The engine no longer references the checkpoint a handle names
+    /// (Flink discarded it: its job was cancelled, or it was subsumed or
+    /// aborted): deletes it, completed or not, if this store retains it
+    /// for `owner`. Whether it did; a handle of another store or owner, or
+    /// of a checkpoint already deleted, deletes nothing (a release may
+    /// repeat, and reach a daemon that never held it). A handle that does
+    /// not decode is refused.
+    pub fn release_checkpoint(&mut self, owner: &[u8], handle: &[u8]) -> Result<bool, StoreError> {
+        let h = Handle::decode(handle).map_err(|m| StoreError::Restore(m.0.to_string()))?;
+        match self.ckpt.retained.get(&h.seq) {
+            Some(r) if r.crc == h.manifest_crc && r.owner == owner => {}
+            _ => return Ok(false),
+        }
+        self.delete_manifest(h.seq);
+        Ok(true)
+    }
+
     /// Deletes manifest `seq` (file and marker) and unpins its segments.
     fn delete_manifest(&mut self, seq: u64) {
         let Some(r) = self.ckpt.retained.remove(&seq) else {
