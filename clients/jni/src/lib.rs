@@ -315,6 +315,26 @@ pub extern "system" fn Java_io_stator_flink_jni_StatorJni_notifyCheckpoint(
     )
 }
 
+/// Releases the checkpoint whose handle the argument block holds (one,
+/// as `restore` takes them): 1 if statord held it and deleted it, 0 if it
+/// held nothing of it.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_releaseCheckpoint(
+    _: *mut JNIEnv,
+    _: jclass,
+    h: jlong,
+    io: jlong,
+    len: jint,
+) -> jint {
+    guard(
+        |c| c,
+        || {
+            let a = args(io, len)?;
+            on(h, |s| Ok(jint::from(s.release(&a)?)))
+        },
+    )
+}
+
 #[unsafe(no_mangle)]
 pub extern "system" fn Java_io_stator_flink_jni_StatorJni_reset(
     _: *mut JNIEnv,

@@ -294,6 +294,22 @@ impl JniSession {
         status
     }
 
+    /// Tells statord the engine no longer references the checkpoint
+    /// whose handle `args` holds (one, as `restore` takes them: Flink
+    /// discarded it); whether statord held it for this session's operator
+    /// and deleted it.
+    pub fn release(&mut self, args: &[u8]) -> Result<bool, Fail> {
+        let [handle] = &read_handles(args)?[..] else {
+            return Err(Fail::arg("a release names exactly one checkpoint handle"));
+        };
+        self.s
+            .submit(&Request::checkpoint_release(handle), TOKEN_NOTIFY)?;
+        self.s.flush()?;
+        let d = self.wait_done(TOKEN_NOTIFY)?;
+        d.status?;
+        Ok(d.aux == 1)
+    }
+
     /// Bounds the outcomes of checkpoints nobody collected (an asynchronous
     /// part the engine cancelled): the oldest past [`KEPT_OUTCOMES`] go.
     /// Not every one up to a notification's id: the engine may notify a

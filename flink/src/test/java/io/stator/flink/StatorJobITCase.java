@@ -179,6 +179,32 @@ class StatorJobITCase {
         assertLikeReference(run);
     }
 
+    /**
+     * A cancelled job whose checkpoints are not retained leaves none in statord: Flink's
+     * JobManager discards them once the job is cancelled, and the discard of each subtask's
+     * handle releases its statord checkpoint (no task is left to notify it). While the job runs,
+     * the checkpoints Flink subsumes go too.
+     */
+    @Test
+    void aCancelledJobsCheckpointsAreReleasedInStatord() throws Exception {
+        String run = "discard";
+        String job = "discard-test";
+        Configuration c = config(STATOR, statord, run);
+        c.setString(StatorOptions.JOB.key(), job);
+        c.set(
+                CheckpointingOptions.EXTERNALIZED_CHECKPOINT_RETENTION,
+                ExternalizedCheckpointRetention.DELETE_ON_CANCELLATION);
+        JobClient j = run(c, run, RECORDS / 2, -1, 2);
+        awaitProcessed(run, RECORDS / 2);
+        awaitCheckpoint(run, j.getJobID());
+        awaitCheckpoint(run, j.getJobID());
+        // Two subtasks, one operator with keyed state, Flink keeping one checkpoint (and one
+        // more in flight, or completed but not yet subsumed).
+        assertThat(statord.checkpointsOf(job)).isBetween(1L, 6L);
+        cancel(j);
+        statord.awaitCheckpointsOf(job, 0);
+    }
+
     @Test
     void aSavepointMovesAJobFromHashMapToStatorToRocksDB() throws Exception {
         String run = "migrate";

@@ -1,8 +1,10 @@
 package io.stator.flink;
 
+import io.stator.flink.snapshot.StatorFileSystem;
 import io.stator.flink.testutils.Statord;
 
 import org.apache.flink.api.common.JobID;
+import org.apache.flink.api.common.state.CheckpointListener;
 import org.apache.flink.api.common.state.ListState;
 import org.apache.flink.api.common.state.ListStateDescriptor;
 import org.apache.flink.api.common.state.MapState;
@@ -36,6 +38,7 @@ import org.apache.flink.runtime.state.VoidNamespace;
 import org.apache.flink.runtime.state.internal.InternalKvState;
 import org.apache.flink.runtime.state.VoidNamespaceSerializer;
 import org.apache.flink.runtime.state.hashmap.HashMapStateBackend;
+import org.apache.flink.runtime.state.filesystem.FileStateHandle;
 import org.apache.flink.runtime.state.memory.ByteStreamStateHandle;
 import org.apache.flink.runtime.state.storage.JobManagerCheckpointStorage;
 import org.apache.flink.runtime.state.ttl.TtlTimeProvider;
@@ -48,6 +51,7 @@ import org.junit.jupiter.api.io.TempDir;
 
 import java.io.DataInputStream;
 import java.io.IOException;
+import java.io.InputStream;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
@@ -244,6 +248,49 @@ class StatorRestoreTest {
         }
     }
 
+    /**
+     * Flink's discard of a checkpoint handle (on the JobManager: a cancelled job's checkpoints,
+     * subsumed and aborted ones) releases it in statord through its {@code stator:} path: a
+     * restore of it is refused afterwards, another subtask's checkpoint stays, a second discard
+     * is harmless, and a handle whose statord socket is not on this host is let go.
+     */
+    @Test
+    void aDiscardedHandleIsReleasedInStatord() throws Exception {
+        KeyGroupRange left = new KeyGroupRange(0, 7);
+        KeyGroupRange right = new KeyGroupRange(8, 15);
+        CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-discard"), left, List.of());
+        CheckpointableKeyedStateBackend<Integer> b = backend(stator("job-discard"), right, List.of());
+        write(a);
+        write(b);
+        KeyGroupsStateHandle ha = (KeyGroupsStateHandle) checkpoint(a, 1);
+        KeyGroupsStateHandle hb = (KeyGroupsStateHandle) checkpoint(b, 1);
+        ((CheckpointListener) a).notifyCheckpointComplete(1);
+        ((CheckpointListener) b).notifyCheckpointComplete(1);
+        dispose(a);
+        dispose(b);
+        assertThat(ha.getDelegateStateHandle()).isInstanceOf(FileStateHandle.class);
+        org.apache.flink.core.fs.Path path = ((FileStateHandle) ha.getDelegateStateHandle()).getFilePath();
+        assertThat(path.toUri().getScheme()).isEqualTo("stator");
+        statord.awaitCheckpointsOf("job-discard", 2);
+        // The same stream as taken through a socket this host does not have: let go.
+        byte[] stream;
+        try (InputStream in = hb.getDelegateStateHandle().openInputStream()) {
+            stream = in.readAllBytes();
+        }
+        org.apache.flink.core.fs.Path elsewhere = StatorFileSystem.path(dir.resolve("no-such.sock").toString(), stream);
+        new KeyGroupsStateHandle(hb.getGroupRangeOffsets(), new FileStateHandle(elsewhere, stream.length)).discardState();
+        ha.discardState();
+        ha.discardState();
+        statord.awaitCheckpointsOf("job-discard", 1);
+        assertThatThrownBy(() -> backend(stator("job-discard"), left, List.of(ha)))
+                .hasMessageContaining("statord refused");
+        CheckpointableKeyedStateBackend<Integer> c = backend(stator("job-discard"), right, List.of(hb));
+        assertThat(read(c)).isEqualTo(expected(right));
+        dispose(c);
+        hb.discardState();
+        statord.awaitCheckpointsOf("job-discard", 0);
+    }
+
     @Test
     void aFreshStartSeesNothingAnEarlierAttemptWrote() throws Exception {
         CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-fresh"), ALL, List.of());
@@ -295,7 +342,10 @@ class StatorRestoreTest {
         CheckpointableKeyedStateBackend<Integer> a = backend(stator("job-bad"), ALL, List.of());
         write(a);
         KeyGroupsStateHandle h = (KeyGroupsStateHandle) checkpoint(a, 1);
-        byte[] bytes = ((ByteStreamStateHandle) h.getDelegateStateHandle()).getData().clone();
+        byte[] bytes;
+        try (InputStream in = h.getDelegateStateHandle().openInputStream()) {
+            bytes = in.readAllBytes();
+        }
         // statord's handle (magic "STCH", store/FORMAT.md 12.3) inside the stream: alter its
         // manifest number.
         int at = new String(bytes, java.nio.charset.StandardCharsets.ISO_8859_1).indexOf("STCH");

@@ -211,6 +211,16 @@ public final class NativeSession implements AutoCloseable {
         check(StatorJni.notifyCheckpoint(live(), checkpointId, kind.wire), "notifying checkpoint " + checkpointId);
     }
 
+    /**
+     * Tells statord that Flink no longer references the checkpoint with this handle (it discarded
+     * it); returns whether statord held it for this session's operator and deleted it (a release
+     * may repeat, or reach a statord that never held it).
+     */
+    public synchronized boolean releaseCheckpoint(byte[] checkpointHandle) throws StatorException {
+        Scratch s = handles(List.of(checkpointHandle));
+        return check(StatorJni.releaseCheckpoint(live(), s.address(), s.length()), "releasing a checkpoint") == 1;
+    }
+
     /** Empties the session's state: a task that starts without a checkpoint sees nothing. */
     public synchronized void reset(long importId) throws StatorException {
         check(StatorJni.reset(live(), importId), "clearing the state of a fresh start");

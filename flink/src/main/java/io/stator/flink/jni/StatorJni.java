@@ -74,6 +74,12 @@ final class StatorJni {
     /** Complete (1), abort (2) or subsume (3) a checkpoint. */
     static native int notifyCheckpoint(long handle, long checkpointId, int kind);
 
+    /**
+     * Releases the checkpoint whose handle the argument block holds (one): 1 if statord held it
+     * and deleted it, 0 if it held nothing of it.
+     */
+    static native int releaseCheckpoint(long handle, long io, int len);
+
     /** Empties the session's state (imports an empty snapshot). */
     static native int reset(long handle, long importId);
 

@@ -4,7 +4,8 @@ import io.stator.flink.StatorKeyedStateBackend;
 import io.stator.flink.jni.NativeSession;
 
 import org.apache.flink.core.fs.CloseableRegistry;
-import org.apache.flink.core.memory.DataOutputViewStreamWrapper;
+import org.apache.flink.core.fs.Path;
+import org.apache.flink.core.memory.DataOutputSerializer;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
 import org.apache.flink.runtime.state.CheckpointStateOutputStream;
 import org.apache.flink.runtime.state.CheckpointStreamFactory;
@@ -17,7 +18,11 @@ import org.apache.flink.runtime.state.SnapshotResources;
 import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.SnapshotStrategy;
 import org.apache.flink.runtime.state.StreamStateHandle;
+import org.apache.flink.runtime.state.filesystem.FileStateHandle;
 import org.apache.flink.runtime.state.metainfo.StateMetaInfoSnapshot;
+
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 import java.io.Closeable;
 import java.util.List;
@@ -29,10 +34,13 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * made before is in it, none after; flat in state size); the asynchronous part waits until the
  * checkpoint's manifest is durable and writes its handle, with Flink's serialization proxy, into
  * a small stream that Flink keeps as a {@link KeyGroupsStateHandle} ({@link
- * StatorCheckpointHandle}). No state bytes are copied.
+ * StatorCheckpointHandle}) over a {@code stator:} path ({@link StatorFileSystem}), through which
+ * Flink's discard of it releases it in statord. No state bytes are copied.
  */
 public final class NativeCheckpointStrategy<K>
         implements SnapshotStrategy<KeyedStateHandle, NativeCheckpointStrategy.Barrier>, Closeable {
+
+    private static final Logger LOG = LoggerFactory.getLogger(NativeCheckpointStrategy.class);
 
     /** How long one wait for a checkpoint holds the checkpoint session (others use it between). */
     private static final int WAIT_SLICE_MS = 5;
@@ -83,17 +91,34 @@ public final class NativeCheckpointStrategy<K>
             KeyedBackendSerializationProxy<K> proxy =
                     new KeyedBackendSerializationProxy<>(
                             backend.getKeySerializer(), barrier.metaInfo, false);
-            CheckpointStateOutputStream out =
-                    streamFactory.createCheckpointStateOutputStream(CheckpointedStateScope.EXCLUSIVE);
-            registry.registerCloseable(out);
-            try {
-                h.write(new DataOutputViewStreamWrapper(out), proxy);
-            } finally {
-                registry.unregisterCloseable(out);
+            DataOutputSerializer bytes = new DataOutputSerializer(512);
+            h.write(bytes, proxy);
+            byte[] stream = bytes.getCopyOfBuffer();
+            Path path = StatorFileSystem.path(backend.checkpointSession().socket(), stream);
+            StreamStateHandle kept;
+            if (path != null) {
+                kept = new FileStateHandle(path, stream.length);
+            } else {
+                // Too long for a path (a key serializer's snapshot of tens of KiB): in Flink's
+                // checkpoint storage, where Flink's discard cannot reach statord.
+                LOG.warn(
+                        "The checkpoint of {}/{} has {} bytes of serializer metadata: kept in Flink's checkpoint "
+                                + "storage, so Flink's discard of it will not release it in statord",
+                        backend.job(),
+                        backend.operator(),
+                        stream.length);
+                CheckpointStateOutputStream out =
+                        streamFactory.createCheckpointStateOutputStream(CheckpointedStateScope.EXCLUSIVE);
+                registry.registerCloseable(out);
+                try {
+                    out.write(stream);
+                } finally {
+                    registry.unregisterCloseable(out);
+                }
+                kept = out.closeAndGetHandle();
             }
-            StreamStateHandle stream = out.closeAndGetHandle();
             return SnapshotResult.of(
-                    new KeyGroupsStateHandle(new KeyGroupRangeOffsets(backend.getKeyGroupRange()), stream));
+                    new KeyGroupsStateHandle(new KeyGroupRangeOffsets(backend.getKeyGroupRange()), kept));
         };
     }
 

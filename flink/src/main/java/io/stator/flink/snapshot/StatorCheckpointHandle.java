@@ -7,7 +7,9 @@ import org.apache.flink.runtime.state.KeyGroupRange;
 import org.apache.flink.runtime.state.KeyGroupsStateHandle;
 import org.apache.flink.runtime.state.KeyedBackendSerializationProxy;
 import org.apache.flink.runtime.state.StreamStateHandle;
+import org.apache.flink.runtime.state.filesystem.FileStateHandle;
 
+import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.util.Arrays;
@@ -15,7 +17,10 @@ import java.util.Arrays;
 /**
  * What a native Stator checkpoint puts in Flink's checkpoint metadata: a stock {@link
  * KeyGroupsStateHandle} (Flink's metadata serializer accepts only its own handle classes) over
- * a small stream holding, in this order:
+ * a {@code FileStateHandle} whose {@code stator:} path holds the stream ({@link
+ * StatorFileSystem}: Flink's discard of the handle reaches statord through it), or, for a
+ * stream too long for a path, over whatever stream handle Flink's checkpoint storage gives. The
+ * stream holds, in this order:
  *
  * <pre>
  *   8 bytes   magic "STATORFK"
@@ -67,7 +72,7 @@ public final class StatorCheckpointHandle {
 
     /** Whether a Flink handle's stream starts like a Stator checkpoint. */
     public static boolean isStator(StreamStateHandle h) throws IOException {
-        try (InputStream in = h.openInputStream()) {
+        try (InputStream in = open(h)) {
             byte[] m = in.readNBytes(MAGIC.length);
             return Arrays.equals(m, MAGIC);
         }
@@ -78,35 +83,56 @@ public final class StatorCheckpointHandle {
      * (a checkpoint or savepoint in Flink's own format).
      */
     public static StatorCheckpointHandle read(KeyGroupsStateHandle h, ClassLoader userCode) throws IOException {
-        try (InputStream raw = h.openInputStream()) {
-            DataInputView in = new DataInputViewStreamWrapper(raw);
-            byte[] m = new byte[MAGIC.length];
-            int got = raw.readNBytes(m, 0, m.length);
-            if (got < m.length || !Arrays.equals(m, MAGIC)) {
-                return null;
-            }
-            int version = in.readInt();
-            if (version != VERSION) {
-                throw new IOException(
-                        "a Stator checkpoint of format version " + version + " (this backend reads " + VERSION + ")");
-            }
-            String job = in.readUTF();
-            String operator = in.readUTF();
-            int first = in.readInt();
-            int last = in.readInt();
-            int maxParallelism = in.readInt();
-            int n = in.readInt();
-            if (n < 0 || n > 4096 || first < 0 || last < first) {
-                throw new IOException("a corrupt Stator checkpoint in " + h.getDelegateStateHandle());
-            }
-            byte[] handle = new byte[n];
-            in.readFully(handle);
-            StatorCheckpointHandle c =
-                    new StatorCheckpointHandle(job, operator, new KeyGroupRange(first, last), maxParallelism, handle);
+        try (InputStream raw = open(h.getDelegateStateHandle())) {
+            return read(raw, h.getDelegateStateHandle().toString(), userCode);
+        }
+    }
+
+    /**
+     * A handle's stream: a {@code stator:} path is decoded here, so a restore never depends on
+     * Flink finding {@link StatorFileSystem} (a jar in the user code, not in {@code lib/}).
+     */
+    private static InputStream open(StreamStateHandle h) throws IOException {
+        if (h instanceof FileStateHandle f && StatorFileSystem.SCHEME.equals(f.getFilePath().toUri().getScheme())) {
+            return new ByteArrayInputStream(StatorFileSystem.bytesOf(f.getFilePath()));
+        }
+        return h.openInputStream();
+    }
+
+    /**
+     * Reads a Stator checkpoint from its stream, or returns null if the stream is not one; with
+     * {@code userCode} null the serialization proxy is not read ({@link #proxy} stays null).
+     */
+    static StatorCheckpointHandle read(InputStream raw, String where, ClassLoader userCode) throws IOException {
+        DataInputView in = new DataInputViewStreamWrapper(raw);
+        byte[] m = new byte[MAGIC.length];
+        int got = raw.readNBytes(m, 0, m.length);
+        if (got < m.length || !Arrays.equals(m, MAGIC)) {
+            return null;
+        }
+        int version = in.readInt();
+        if (version != VERSION) {
+            throw new IOException(
+                    "a Stator checkpoint of format version " + version + " (this backend reads " + VERSION + ")");
+        }
+        String job = in.readUTF();
+        String operator = in.readUTF();
+        int first = in.readInt();
+        int last = in.readInt();
+        int maxParallelism = in.readInt();
+        int n = in.readInt();
+        if (n < 0 || n > 4096 || first < 0 || last < first) {
+            throw new IOException("a corrupt Stator checkpoint in " + where);
+        }
+        byte[] handle = new byte[n];
+        in.readFully(handle);
+        StatorCheckpointHandle c =
+                new StatorCheckpointHandle(job, operator, new KeyGroupRange(first, last), maxParallelism, handle);
+        if (userCode != null) {
             KeyedBackendSerializationProxy<?> proxy = new KeyedBackendSerializationProxy<>(userCode);
             proxy.read(in);
             c.proxy = proxy;
-            return c;
         }
+        return c;
     }
 }

@@ -1,7 +1,15 @@
 package io.stator.flink.testutils;
 
+import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.JsonNode;
+import org.apache.flink.shaded.jackson2.com.fasterxml.jackson.databind.ObjectMapper;
+
 import java.io.File;
 import java.io.IOException;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.Channels;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -84,6 +92,45 @@ public final class Statord implements AutoCloseable {
             Thread.sleep(10);
         }
         return this;
+    }
+
+    /** statord's {@code /status} document (daemon/STATUS.md), from its status socket. */
+    public JsonNode status() throws IOException {
+        try (SocketChannel ch = SocketChannel.open(UnixDomainSocketAddress.of(runDir().resolve("status.sock")))) {
+            ch.write(ByteBuffer.wrap("GET /status HTTP/1.0\r\n\r\n".getBytes(StandardCharsets.US_ASCII)));
+            String reply = new String(Channels.newInputStream(ch).readAllBytes(), StandardCharsets.UTF_8);
+            int body = reply.indexOf("\r\n\r\n");
+            if (!reply.startsWith("HTTP/1.") || !reply.contains(" 200 ") || body < 0) {
+                throw new IOException("statord's /status answered: " + reply);
+            }
+            return new ObjectMapper().readTree(reply.substring(body + 4));
+        }
+    }
+
+    /** The checkpoints statord retains of a job (completed or not), from {@link #status()}. */
+    public long checkpointsOf(String job) throws IOException {
+        long n = 0;
+        for (JsonNode c : status().path("checkpoints")) {
+            if (job.equals(c.path("job").asText())) {
+                n++;
+            }
+        }
+        return n;
+    }
+
+    /**
+     * Waits until statord's status shows {@code n} checkpoints of a job (the status is published
+     * a few times a second); fails after 30 s, naming the last count.
+     */
+    public void awaitCheckpointsOf(String job, long n) throws IOException, InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+        long seen;
+        while ((seen = checkpointsOf(job)) != n) {
+            if (System.nanoTime() > deadline) {
+                throw new AssertionError("statord shows " + seen + " checkpoints of " + job + ", not " + n);
+            }
+            Thread.sleep(20);
+        }
     }
 
     /** SIGKILL: the daemon dies with whatever it had in flight. */
