@@ -244,7 +244,8 @@ impl Segment {
 
 /// What the footer says that the index can confirm without reading data
 /// (FORMAT.md §7): records and key groups only with blocks, at least a
-/// record per block, every block's last key within the footer's key
+/// record per block and at most one per record header the data could
+/// hold, every block's last key within the footer's key
 /// groups and the last one at its largest. (Reads skip a segment by those
 /// key groups: a wrong bound would hide records, not fail.)
 fn check_footer_against_index(f: &Footer, index: &BlockIndex) -> Result<(), Malformed> {
@@ -258,6 +259,11 @@ fn check_footer_against_index(f: &Footer, index: &BlockIndex) -> Result<(), Malf
     };
     if f.records < index.len() as u64 {
         return Err(Malformed("fewer records than blocks"));
+    }
+    // A record takes at least its header: a count past that would size a
+    // compaction's filter (`expect_at_most`) for records that cannot be.
+    if f.records > f.data_len / format::RECORD_HEADER as u64 {
+        return Err(Malformed("more records than the data blocks can hold"));
     }
     let kg = |i: usize| crate::keys::key_group(index.last_key(i));
     if (0..index.len()).any(|i| !(f.min_kg..=f.max_kg).contains(&kg(i))) || kg(last) != f.max_kg {
