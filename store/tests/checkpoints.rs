@@ -654,11 +654,11 @@ fn released_checkpoints_go_for_their_owner_only() {
     altered[10] ^= 1;
     assert!(matches!(
         s.release_checkpoint(OWNERS[0], &altered),
-        Err(StoreError::Restore(_))
+        Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
         s.release_checkpoint(OWNERS[0], &h2[..20]),
-        Err(StoreError::Restore(_))
+        Err(StoreError::Invalid(_))
     ));
     assert_eq!(s.stats().checkpoints_retained, 1);
     assert!(matches!(

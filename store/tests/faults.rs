@@ -859,6 +859,53 @@ fn a_footer_whose_key_groups_the_index_contradicts_is_set_aside() {
     );
 }
 
+/// A requested major compaction whose output file cannot be created
+/// stands, and runs once it can (the request was dropped before the
+/// writer was made, so `compact_all` then did nothing).
+#[test]
+fn a_major_compaction_that_could_not_start_stands() {
+    let d = tempfile::tempdir().unwrap();
+    let segs = two_segments(d.path());
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    // The output keeps the newest input's order, one generation up: a
+    // directory of that name is in its way.
+    let newest = segs.last().unwrap().file_name().unwrap().to_str().unwrap();
+    let obstacle = d
+        .path()
+        .join(newest.replace("-00000000.sst", "-00000001.sst"));
+    std::fs::create_dir(&obstacle).unwrap();
+    s.compact_all();
+    let mut polls = 0;
+    while s.stats().last_background_error.is_none() {
+        s.poll(|_, _| {});
+        polls += 1;
+        assert!(polls < 1_000_000, "the compaction never tried");
+    }
+    assert_eq!(s.stats().segments, 2);
+    std::fs::remove_dir(&obstacle).unwrap();
+    settle_fully(&mut s);
+    assert_eq!(s.stats().segments, 1, "the request stood");
+    for i in (0..500).chain(1000..1500) {
+        assert!(matches!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(_))
+        ));
+    }
+}
+
+/// A record count no data could hold (its checksum right) is refused at
+/// open: a compaction of it would have sized its output's filter for
+/// that many records, an allocation of exabytes.
+#[test]
+fn a_record_count_past_what_the_data_can_hold_is_set_aside() {
+    let d = tempfile::tempdir().unwrap();
+    let seg = build(d.path(), 2000);
+    rewrite_footer(&seg, 40, &(u64::MAX / 3).to_le_bytes());
+    let (_s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+    assert!(rep.torn[0].1.contains("more records"), "{}", rep.torn[0].1);
+}
+
 /// A footer record count the data contradicts is found when the segment
 /// is read whole (compaction, export): the compaction fails, names the
 /// file, and loses nothing.
@@ -959,6 +1006,10 @@ fn a_retry_waits_for_the_failed_attempts_unlink() {
     let err = s.stats().last_background_error.expect("the flush failed");
     assert!(matches!(err, StoreError::NoSpace { .. }), "{err}");
     assert_eq!(s.stats().flushes, 0);
+    assert!(
+        !s.background_runnable(),
+        "a flush waiting for an unlink is no work to spin on (the unlink's completion wakes)"
+    );
     s.io_mut().release_unlinks();
     settle_fully(&mut s);
     assert_eq!(s.stats().flushes, 1);

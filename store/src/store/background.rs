@@ -282,6 +282,17 @@ impl<I: Io> Store<I> {
         self.unlinking.iter().any(|(_, p)| p == path)
     }
 
+    /// Whether a frozen memtable waits for its flush and that flush's
+    /// output name is not being unlinked (a failed attempt's file): the
+    /// unlink's completion wakes a caller that waits meanwhile.
+    pub(super) fn flush_can_start(&self) -> bool {
+        let Some((order, _)) = self.frozen.last() else {
+            return false;
+        };
+        self.unlinking.is_empty()
+            || !self.unlink_pending(&self.cfg.dir.join(segment::file_name(*order, 0)))
+    }
+
     /// Issues an fsync of the store directory (through the I/O layer, so
     /// the shard thread does not block).
     pub(super) fn sync_dir(&mut self) {
@@ -331,7 +342,7 @@ impl<I: Io> Store<I> {
     /// should poll again rather than wait.
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
-            && (self.flush.as_ref().map_or(!self.frozen.is_empty(), |j| {
+            && (self.flush.as_ref().map_or(self.flush_can_start(), |j| {
                 !j.syncing && (matches!(j.order, FlushOrder::Sorting(_)) || j.writer.write_room())
             }) || self.compact.as_ref().is_some_and(|j| {
                 // Every input has its block, or none waits for a read (it

@@ -800,7 +800,7 @@ impl<I: Io> Store<I> {
     /// repeat, and reach a daemon that never held it). A handle that does
     /// not decode is refused.
     pub fn release_checkpoint(&mut self, owner: &[u8], handle: &[u8]) -> Result<bool, StoreError> {
-        let h = Handle::decode(handle).map_err(|m| StoreError::Restore(m.0.to_string()))?;
+        let h = Handle::decode(handle).map_err(|m| StoreError::Invalid(m.0))?;
         match self.ckpt.retained.get(&h.seq) {
             Some(r) if r.crc == h.manifest_crc && r.owner == owner => {}
             _ => return Ok(false),

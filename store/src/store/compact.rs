@@ -102,9 +102,6 @@ impl<I: Io> Store<I> {
             return self.want_compaction(reserve);
         }
         self.want_compaction(0);
-        if full {
-            self.full_compaction_requested = false;
-        }
         self.job_serial = (self.job_serial + 1) & SERIAL_MASK;
         let serial = self.job_serial;
         let writer = match SegmentWriter::create(
@@ -120,8 +117,12 @@ impl<I: Io> Store<I> {
                 w.expect_at_most(inputs.iter().map(|s| s.footer.records as usize).sum());
                 w
             }
+            // (A requested major compaction stands: it did not start.)
             Err(e) => return self.background_failed(e),
         };
+        if full {
+            self.full_compaction_requested = false;
+        }
         let id = self.next_segment_id;
         self.next_segment_id += 1;
         let cursors = inputs

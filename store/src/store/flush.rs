@@ -11,11 +11,11 @@ const SORT_UNITS: usize = 256;
 
 impl<I: Io> Store<I> {
     pub(super) fn start_flush(&mut self) {
-        let (order, mem) = self.frozen.last().expect("checked non-empty").clone();
-        if self.unlink_pending(&self.cfg.dir.join(segment::file_name(order, 0))) {
-            // A failed attempt's file is still being removed.
+        if !self.flush_can_start() {
+            // (A failed attempt's file is still being removed.)
             return;
         }
+        let (order, mem) = self.frozen.last().expect("checked non-empty").clone();
         self.job_serial = (self.job_serial + 1) & SERIAL_MASK;
         let serial = self.job_serial;
         let writer = match SegmentWriter::create(

@@ -906,14 +906,20 @@ impl<I: Io> Store<I> {
         let Some(imp) = self.imports.get_mut(id) else {
             return;
         };
+        // Called again when its last write in flight finishes: the files
+        // were unlinked the first time (a second unlink fails, counted).
+        let first = !imp.cancelled;
         imp.cancelled = true;
         let in_flight = imp.in_flight();
-        let paths: Vec<PathBuf> = imp
-            .writers
-            .iter()
-            .flatten()
-            .map(|w| w.path.clone())
-            .collect();
+        let paths: Vec<PathBuf> = match first {
+            true => imp
+                .writers
+                .iter()
+                .flatten()
+                .map(|w| w.path.clone())
+                .collect(),
+            false => Vec::new(),
+        };
         for p in &paths {
             self.unlink(p);
         }
