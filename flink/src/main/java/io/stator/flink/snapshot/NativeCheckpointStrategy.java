@@ -94,7 +94,9 @@ public final class NativeCheckpointStrategy<K>
             DataOutputSerializer bytes = new DataOutputSerializer(512);
             h.write(bytes, proxy);
             byte[] stream = bytes.getCopyOfBuffer();
-            Path path = StatorFileSystem.path(backend.checkpointSession().socket(), stream);
+            // Absolute: the job manager resolves it, in another working directory.
+            String socket = java.nio.file.Path.of(backend.checkpointSession().socket()).toAbsolutePath().toString();
+            Path path = StatorFileSystem.path(socket, stream);
             StreamStateHandle kept;
             if (path != null) {
                 kept = new FileStateHandle(path, stream.length);
