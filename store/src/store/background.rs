@@ -2,6 +2,7 @@
 //! and delivery of finished operations.
 
 use super::*;
+use checkpoint::ManifestIo;
 
 impl<I: Io> Store<I> {
     /// Submits queued I/O, reaps completions, advances background work by a
@@ -133,43 +134,51 @@ impl<I: Io> Store<I> {
                 self.prefetch_fetch(c, true);
             }
             let c = std::mem::replace(&mut cs[i], IoCompletion::taken());
-            let t = c.token >> TAG_SHIFT;
-            let v = c.token & ((1 << TAG_SHIFT) - 1);
+            let v = value_of(c.token);
+            let Some(t) = Tag::of(c.token) else {
+                continue;
+            };
             match t {
-                TAG_FETCH => self.fetch_done(v as usize, c),
+                Tag::Fetch => self.fetch_done(v as usize, c),
                 // A job's own completions only: an abandoned job's writes
                 // may still complete after a later job started.
-                TAG_FLUSH_WRITE => {
+                Tag::FlushWrite => {
                     if let Some(j) = self.flush.as_mut().filter(|j| j.serial == v) {
                         j.writer.write_done(c.result, c.buf);
                     }
                 }
-                TAG_FLUSH_SYNC if self.flush.as_ref().is_some_and(|j| j.serial == v) => {
-                    self.flush_synced(c.result)
+                Tag::FlushSync => {
+                    if self.flush.as_ref().is_some_and(|j| j.serial == v) {
+                        self.flush_synced(c.result)
+                    }
                 }
-                TAG_COMPACT_WRITE => {
+                Tag::CompactWrite => {
                     if let Some(j) = self.compact.as_mut().filter(|j| j.serial == v) {
                         j.writer.write_done(c.result, c.buf);
                     }
                 }
-                TAG_COMPACT_SYNC if self.compact.as_ref().is_some_and(|j| j.serial == v) => {
-                    self.compact_synced(c.result)
+                Tag::CompactSync => {
+                    if self.compact.as_ref().is_some_and(|j| j.serial == v) {
+                        self.compact_synced(c.result)
+                    }
                 }
-                TAG_COMPACT_READ => self.compact_read_done(v, c),
-                TAG_CKPT_WRITE | TAG_CKPT_SYNC | TAG_CKPT_DIR_SYNC => {
-                    self.checkpoint_io_done(t, v as usize, c.result)
+                Tag::CompactRead => self.compact_read_done(v, c),
+                Tag::CkptWrite => self.checkpoint_io_done(ManifestIo::Write, v as usize, c.result),
+                Tag::CkptSync => self.checkpoint_io_done(ManifestIo::Sync, v as usize, c.result),
+                Tag::CkptDirSync => {
+                    self.checkpoint_io_done(ManifestIo::DirSync, v as usize, c.result)
                 }
-                TAG_MARKER_SYNC | TAG_MARKER_DIR_SYNC => self.marker_io_done(t, v, c.result),
-                TAG_EXPORT_READ => self.export_read_done(v, c),
-                tier::TAG_CACHE_WRITE => self.writeback_done(v as usize, c.result),
-                TAG_IMPORT_WRITE | TAG_IMPORT_SYNC => self.import_io_done(t, v, c),
-                TAG_UNLINK => {
+                Tag::MarkerSync | Tag::MarkerDirSync => self.marker_io_done(t, v, c.result),
+                Tag::ExportRead => self.export_read_done(v, c),
+                Tag::CacheWrite => self.writeback_done(v as usize, c.result),
+                Tag::ImportWrite | Tag::ImportSync => self.import_io_done(t, v, c),
+                Tag::Unlink => {
                     self.unlinking.retain(|(serial, _)| *serial != v);
                     if c.result.is_err_and(|e| e != libc::ENOENT) {
                         self.stats.delete_failures += 1;
                     }
                 }
-                TAG_DIR_SYNC => {
+                Tag::DirSync => {
                     self.dir_sync_in_flight = false;
                     match c.result {
                         Ok(_) => {
@@ -187,7 +196,15 @@ impl<I: Io> Store<I> {
                         }
                     }
                 }
-                _ => {}
+                // An open reaps its reads itself; the tier's own requests
+                // complete in the tier.
+                Tag::Open
+                | Tag::TierUpload
+                | Tag::TierDelete
+                | Tag::TierPunch
+                | Tag::TierSync
+                | Tag::TierRead
+                | Tag::TierScan => {}
             }
         }
         cs.drain(..n);
@@ -199,10 +216,10 @@ impl<I: Io> Store<I> {
     /// what it points to.
     #[inline]
     fn prefetch_fetch(&self, c: &IoCompletion, second: bool) {
-        if c.token >> TAG_SHIFT != TAG_FETCH {
+        if Tag::of(c.token) != Some(Tag::Fetch) {
             return;
         }
-        let fi = (c.token & ((1 << TAG_SHIFT) - 1)) as usize;
+        let fi = value_of(c.token) as usize;
         if !second {
             self.fetches.prefetch(fi, 2);
             return;
@@ -269,7 +286,7 @@ impl<I: Io> Store<I> {
     /// it completes; a failure counts in `StoreStats::delete_failures`.
     pub(super) fn unlink(&mut self, path: &Path) {
         self.unlink_serial = (self.unlink_serial + 1) & 0xffff_ffff;
-        self.io.unlink(path, tag(TAG_UNLINK, self.unlink_serial));
+        self.io.unlink(path, tag(Tag::Unlink, self.unlink_serial));
         self.unlinking
             .push((self.unlink_serial, path.to_path_buf()));
     }
@@ -313,7 +330,7 @@ impl<I: Io> Store<I> {
             },
         };
         self.dir_sync_in_flight = true;
-        self.io.fsync(f, tag(TAG_DIR_SYNC, 0));
+        self.io.fsync(f, tag(Tag::DirSync, 0));
     }
 
     pub(super) fn reap_retired(&mut self) {
@@ -365,5 +382,5 @@ impl<I: Io> Store<I> {
 /// A block read from the local disk (not from the remote tier, whose
 /// latency dwarfs a pass and whose replies come in large batches).
 fn is_local_fetch(c: &IoCompletion) -> bool {
-    c.token >> TAG_SHIFT == TAG_FETCH && c.remote_block.is_none()
+    Tag::of(c.token) == Some(Tag::Fetch) && c.remote_block.is_none()
 }

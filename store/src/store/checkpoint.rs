@@ -111,6 +111,14 @@ struct Retained {
     completed: bool,
 }
 
+/// Which of a checkpoint manifest's I/O operations completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ManifestIo {
+    Write,
+    Sync,
+    DirSync,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Waiting for frozen memtables to become segments.
@@ -554,7 +562,7 @@ impl<I: Io> Store<I> {
                 p.file = Some(f);
                 p.phase = Phase::Writing;
                 let buf = AlignedBuf::copy_of(&bytes);
-                self.io.write(f, 0, buf, tag(TAG_CKPT_WRITE, k as u64));
+                self.io.write(f, 0, buf, tag(Tag::CkptWrite, k as u64));
             }
             Err(e) => self.fail_checkpoint(k, StoreError::io(&path, "create", &e)),
         }
@@ -562,33 +570,33 @@ impl<I: Io> Store<I> {
 
     /// Advances a checkpoint's manifest write: write, fsync, directory
     /// fsync, then the handle.
-    pub(super) fn checkpoint_io_done(&mut self, t: u64, k: usize, r: Result<usize, i32>) {
+    pub(super) fn checkpoint_io_done(&mut self, t: ManifestIo, k: usize, r: Result<usize, i32>) {
         let Some(p) = self.ckpt.pending.get(k) else {
             return;
         };
         let path = self.cfg.dir.join(manifest::file_name(p.manifest.seq));
         let (op, next) = match t {
-            TAG_CKPT_WRITE => ("write", Phase::Syncing),
-            TAG_CKPT_SYNC => ("fsync", Phase::DirSync),
-            _ => ("fsync directory", Phase::DirSync),
+            ManifestIo::Write => ("write", Phase::Syncing),
+            ManifestIo::Sync => ("fsync", Phase::DirSync),
+            ManifestIo::DirSync => ("fsync directory", Phase::DirSync),
         };
         if let Err(errno) = r {
             return self.fail_checkpoint(k, StoreError::from_errno(&path, op, errno));
         }
         let file = p.file.expect("a manifest being written has a file");
-        match (t, next) {
-            (TAG_CKPT_WRITE, _) => {
+        match t {
+            ManifestIo::Write => {
                 self.ckpt.pending[k].phase = next;
-                self.io.fsync(file, tag(TAG_CKPT_SYNC, k as u64));
+                self.io.fsync(file, tag(Tag::CkptSync, k as u64));
             }
-            (TAG_CKPT_SYNC, _) => match self.dir_fd() {
+            ManifestIo::Sync => match self.dir_fd() {
                 Ok(d) => {
                     self.ckpt.pending[k].phase = next;
-                    self.io.fsync(d, tag(TAG_CKPT_DIR_SYNC, k as u64));
+                    self.io.fsync(d, tag(Tag::CkptDirSync, k as u64));
                 }
                 Err(e) => self.fail_checkpoint(k, e),
             },
-            _ => {
+            ManifestIo::DirSync => {
                 self.io.close(file);
                 let p = &mut self.ckpt.pending[k];
                 p.file = None;

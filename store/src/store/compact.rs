@@ -110,7 +110,7 @@ impl<I: Io> Store<I> {
             order,
             generation,
             min_order,
-            tag(TAG_COMPACT_WRITE, serial),
+            tag(Tag::CompactWrite, serial),
         ) {
             Ok(mut w) => {
                 w.keep_blocks();
@@ -156,7 +156,7 @@ impl<I: Io> Store<I> {
         for (ci, c) in j.cursors.iter_mut().enumerate() {
             c.read_ahead(&mut reads, |first| {
                 tag(
-                    TAG_COMPACT_READ,
+                    Tag::CompactRead,
                     (serial << 44) | ((ci as u64) << 32) | first as u64,
                 )
             });
@@ -304,7 +304,7 @@ impl<I: Io> Store<I> {
         let j = self.compact.as_mut().expect("compaction job");
         if let Err(e) = j
             .writer
-            .sync_if_written(&mut self.io, tag(TAG_COMPACT_SYNC, j.serial))
+            .sync_if_written(&mut self.io, tag(Tag::CompactSync, j.serial))
         {
             self.abandon_compaction(e);
         }

@@ -24,7 +24,7 @@ impl<I: Io> Store<I> {
             order,
             0,
             order,
-            tag(TAG_FLUSH_WRITE, serial),
+            tag(Tag::FlushWrite, serial),
         ) {
             Ok(mut w) => {
                 w.keep_blocks();
@@ -135,7 +135,7 @@ impl<I: Io> Store<I> {
         let j = self.flush.as_mut().expect("flush job");
         if let Err(e) = j
             .writer
-            .sync_if_written(&mut self.io, tag(TAG_FLUSH_SYNC, j.serial))
+            .sync_if_written(&mut self.io, tag(Tag::FlushSync, j.serial))
         {
             self.abandon_flush(e);
         }

@@ -136,7 +136,7 @@ impl<I: Io> Store<I> {
         match opened {
             Ok(f) => {
                 self.ckpt.markers.io = Some(MarkerIo { seq, file: Some(f) });
-                self.io.fsync(f, tag(TAG_MARKER_SYNC, seq));
+                self.io.fsync(f, tag(Tag::MarkerSync, seq));
             }
             Err(e) => self.marker_failed(StoreError::io(&path, "create", &e)),
         }
@@ -144,7 +144,7 @@ impl<I: Io> Store<I> {
 
     /// Advances marker `seq`: its fsync, then the directory's, then its
     /// upload. A failure leaves it first in line, retried later.
-    pub(super) fn marker_io_done(&mut self, t: u64, seq: u64, r: Result<usize, i32>) {
+    pub(super) fn marker_io_done(&mut self, t: Tag, seq: u64, r: Result<usize, i32>) {
         let Some(m) = self.ckpt.markers.io.take_if(|m| m.seq == seq) else {
             return;
         };
@@ -154,18 +154,18 @@ impl<I: Io> Store<I> {
         let name = manifest::completed_name(seq);
         let path = self.cfg.dir.join(&name);
         if let Err(errno) = r {
-            let op = if t == TAG_MARKER_SYNC {
+            let op = if t == Tag::MarkerSync {
                 "fsync"
             } else {
                 "fsync directory"
             };
             return self.marker_failed(StoreError::from_errno(&path, op, errno));
         }
-        if t == TAG_MARKER_SYNC {
+        if t == Tag::MarkerSync {
             match self.dir_fd() {
                 Ok(d) => {
                     self.ckpt.markers.io = Some(MarkerIo { seq, file: None });
-                    self.io.fsync(d, tag(TAG_MARKER_DIR_SYNC, seq));
+                    self.io.fsync(d, tag(Tag::MarkerDirSync, seq));
                 }
                 Err(e) => self.marker_failed(e),
             }

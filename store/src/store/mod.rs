@@ -254,30 +254,96 @@ pub struct RecoveryReport {
     pub manifests: usize,
 }
 
+/// What an I/O completion belongs to: the top byte of its token (below
+/// it, [`value_of`]: the operation's own index, serial or sequence
+/// number). Completions are dispatched by exhaustive matches on it, so a
+/// new kind cannot fall through to another's handler unnoticed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Tag {
+    /// A get's (or a batch's) block read.
+    Fetch = 1,
+    FlushWrite = 2,
+    FlushSync = 3,
+    CompactWrite = 4,
+    CompactSync = 5,
+    CompactRead = 6,
+    /// A segment's meta region read at open (reaped by the open itself).
+    Open = 7,
+    DirSync = 8,
+    CkptWrite = 9,
+    CkptSync = 10,
+    CkptDirSync = 11,
+    ExportRead = 12,
+    ImportWrite = 13,
+    ImportSync = 14,
+    MarkerSync = 15,
+    MarkerDirSync = 16,
+    Unlink = 17,
+    /// The remote tier's own requests (`tier.rs`): never completions of
+    /// the local I/O layer.
+    TierUpload = 20,
+    TierDelete = 21,
+    TierPunch = 22,
+    TierSync = 23,
+    /// A block the remote tier fetched, written back into its local file.
+    CacheWrite = 24,
+    /// A read the remote serves: its value is the read's key in the
+    /// tier's `bufs` (which keeps the store's own token), so an outcome
+    /// finds its read by index, not by hashing.
+    TierRead = 25,
+    /// The eviction's scan of the local directories.
+    TierScan = 26,
+}
+
+impl Tag {
+    /// The tag a token carries (none: not one of the store's).
+    #[inline]
+    fn of(token: u64) -> Option<Tag> {
+        Some(match token >> TAG_SHIFT {
+            1 => Tag::Fetch,
+            2 => Tag::FlushWrite,
+            3 => Tag::FlushSync,
+            4 => Tag::CompactWrite,
+            5 => Tag::CompactSync,
+            6 => Tag::CompactRead,
+            7 => Tag::Open,
+            8 => Tag::DirSync,
+            9 => Tag::CkptWrite,
+            10 => Tag::CkptSync,
+            11 => Tag::CkptDirSync,
+            12 => Tag::ExportRead,
+            13 => Tag::ImportWrite,
+            14 => Tag::ImportSync,
+            15 => Tag::MarkerSync,
+            16 => Tag::MarkerDirSync,
+            17 => Tag::Unlink,
+            20 => Tag::TierUpload,
+            21 => Tag::TierDelete,
+            22 => Tag::TierPunch,
+            23 => Tag::TierSync,
+            24 => Tag::CacheWrite,
+            25 => Tag::TierRead,
+            26 => Tag::TierScan,
+            _ => return None,
+        })
+    }
+}
+
 const TAG_SHIFT: u32 = 56;
-const TAG_FETCH: u64 = 1;
-const TAG_FLUSH_WRITE: u64 = 2;
-const TAG_FLUSH_SYNC: u64 = 3;
-const TAG_COMPACT_WRITE: u64 = 4;
-const TAG_COMPACT_SYNC: u64 = 5;
-const TAG_COMPACT_READ: u64 = 6;
-const TAG_OPEN: u64 = 7;
-const TAG_DIR_SYNC: u64 = 8;
-const TAG_CKPT_WRITE: u64 = 9;
-const TAG_CKPT_SYNC: u64 = 10;
-const TAG_CKPT_DIR_SYNC: u64 = 11;
-const TAG_EXPORT_READ: u64 = 12;
-const TAG_IMPORT_WRITE: u64 = 13;
-const TAG_IMPORT_SYNC: u64 = 14;
-const TAG_MARKER_SYNC: u64 = 15;
-const TAG_MARKER_DIR_SYNC: u64 = 16;
-const TAG_UNLINK: u64 = 17;
+const VALUE_MASK: u64 = (1 << TAG_SHIFT) - 1;
 
 /// Serial bits a job's tokens carry.
 const SERIAL_MASK: u64 = 0xfff;
 
-fn tag(t: u64, v: u64) -> u64 {
-    (t << TAG_SHIFT) | v
+fn tag(t: Tag, v: u64) -> u64 {
+    ((t as u64) << TAG_SHIFT) | v
+}
+
+/// The operation's own value in a token (an index, a job's serial, a
+/// sequence number).
+fn value_of(token: u64) -> u64 {
+    token & VALUE_MASK
 }
 
 /// Part of the key space removed from every layer up to `max_order`: a
@@ -1350,13 +1416,13 @@ fn read_sync<I: Io>(
     path: &Path,
     others: &mut Vec<IoCompletion>,
 ) -> Result<AlignedBuf, StoreError> {
-    io.read(file, off, AlignedBuf::zeroed(len), tag(TAG_OPEN, 0));
+    io.read(file, off, AlignedBuf::zeroed(len), tag(Tag::Open, 0));
     io.submit()
         .map_err(|e| StoreError::io(path, "submit", &e))?;
     let mut out = Vec::new();
     loop {
         io.reap(&mut out);
-        if let Some(i) = out.iter().position(|c| c.token == tag(TAG_OPEN, 0)) {
+        if let Some(i) = out.iter().position(|c| c.token == tag(Tag::Open, 0)) {
             let c = out.swap_remove(i);
             others.append(&mut out);
             return match (c.result, c.buf) {

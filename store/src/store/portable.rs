@@ -724,7 +724,7 @@ impl<I: Io> Store<I> {
             for (ci, c) in e.cursors.iter_mut().enumerate() {
                 c.read_ahead(reads, |first| {
                     tag(
-                        TAG_EXPORT_READ,
+                        Tag::ExportRead,
                         ((id as u64) << 44) | ((ci as u64) << 32) | first as u64,
                     )
                 });
@@ -932,7 +932,7 @@ impl<I: Io> Store<I> {
         }
     }
 
-    pub(super) fn import_io_done(&mut self, t: u64, v: u64, c: IoCompletion) {
+    pub(super) fn import_io_done(&mut self, t: Tag, v: u64, c: IoCompletion) {
         let r = c.result;
         let (id, w) = ((v >> 16) as usize, (v & 0xffff) as usize);
         let Some(imp) = self.imports.get_mut(id) else {
@@ -941,7 +941,7 @@ impl<I: Io> Store<I> {
         let Some(writer) = imp.writers[w].as_mut() else {
             return;
         };
-        if t == TAG_IMPORT_WRITE {
+        if t == Tag::ImportWrite {
             writer.write_done(r, c.buf);
         } else {
             match writer.synced(&mut self.io, r) {
@@ -976,7 +976,7 @@ impl<I: Io> Store<I> {
             for (w, writer) in imp.writers.iter_mut().enumerate() {
                 let Some(writer) = writer else { continue };
                 if err.is_none() && !imp.complete[w] {
-                    let t = tag(TAG_IMPORT_SYNC, ((k as u64) << 16) | w as u64);
+                    let t = tag(Tag::ImportSync, ((k as u64) << 16) | w as u64);
                     if let Err(e) = writer.sync_if_written(&mut self.io, t) {
                         err = Some(e);
                     }
@@ -1168,7 +1168,7 @@ impl Import {
         if self.writers[w].is_none() {
             let path = dir.join(segment::import_file_name(*serial));
             *serial += 1;
-            let t = tag(TAG_IMPORT_WRITE, ((id as u64) << 16) | w as u64);
+            let t = tag(Tag::ImportWrite, ((id as u64) << 16) | w as u64);
             match SegmentWriter::create_at(io, path, 0, 0, 0, t) {
                 Ok(writer) => self.writers[w] = Some(writer),
                 Err(e) => return Err(self.fail(e)),

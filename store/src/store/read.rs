@@ -520,9 +520,13 @@ impl<I: Io> Store<I> {
             io: &mut self.io,
             tier: self.tier.as_mut(),
         }
-        .read_block(&f.seg, off, len as usize, tag(TAG_FETCH, fi as u64), || {
-            cache.buffer(len as usize)
-        });
+        .read_block(
+            &f.seg,
+            off,
+            len as usize,
+            tag(Tag::Fetch, fi as u64),
+            || cache.buffer(len as usize),
+        );
     }
 
     pub(super) fn fetch_done(&mut self, fi: usize, c: IoCompletion) {

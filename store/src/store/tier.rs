@@ -86,27 +86,11 @@ pub struct TierStats {
     pub last_error: Option<String>,
 }
 
-/// Tags of the tier's own requests (the store's tags name its reads).
-pub(super) const TAG_UPLOAD: u64 = 20;
-const TAG_DELETE: u64 = 21;
-const TAG_PUNCH: u64 = 22;
-const TAG_SYNC: u64 = 23;
-
 type Outcome = (u64, Result<RemoteDone, RemoteError>);
 
 /// Write-backs in flight at most (a disk does a few tens of thousands of
 /// writes a second; remote reads can arrive faster).
 const MAX_WRITEBACKS: usize = 512;
-
-/// I/O tag of a fetched block written back into its local file.
-pub(super) const TAG_CACHE_WRITE: u64 = 24;
-
-/// Remote tag of a read the tier serves: its value is the read's key in
-/// `Tier::bufs` (which keeps the store's own token), so an outcome finds
-/// its read by index, not by hashing.
-const TAG_READ: u64 = 25;
-/// The eviction's scan of the local directories.
-const TAG_SCAN: u64 = 26;
 
 /// A read the remote serves.
 struct RemoteRead {
@@ -225,9 +209,9 @@ fn is_layer(name: &str) -> bool {
 }
 
 impl Tier {
-    fn token(&mut self, t: u64) -> u64 {
+    fn token(&mut self, t: Tag) -> u64 {
         self.next_token += 1;
-        tag(t, self.next_token & ((1 << TAG_SHIFT) - 1))
+        tag(t, value_of(self.next_token))
     }
 
     pub fn stats_arc(&self) -> Arc<RemoteStats> {
@@ -267,7 +251,7 @@ impl Tier {
             off,
             residency: seg.residency.clone(),
         });
-        let t = tag(TAG_READ, k as u64);
+        let t = tag(Tag::TierRead, k as u64);
         if block {
             self.blocks.push((t, name, off..end));
         } else {
@@ -306,7 +290,7 @@ impl Tier {
             return;
         }
         self.failed.remove(name);
-        let t = self.token(TAG_UPLOAD);
+        let t = self.token(Tag::TierUpload);
         self.uploading.insert(t, name.to_string());
         self.remote.upload_file(t, name, path);
     }
@@ -323,7 +307,7 @@ impl Tier {
     /// Deletes object `name` if it was uploaded (or once its upload ends).
     pub fn delete(&mut self, name: &str) {
         if self.uploaded.remove(name) {
-            let t = self.token(TAG_DELETE);
+            let t = self.token(Tag::TierDelete);
             self.remote.delete(t, name);
         } else if self.uploading.values().any(|n| n == name) {
             self.doomed.insert(name.to_string());
@@ -339,8 +323,7 @@ impl Tier {
         self.remote.poll(|t, r| got.push((t, r)));
         // The reads' entries load a few outcomes ahead of their use.
         const AHEAD: usize = 8;
-        let slot =
-            |t: u64| (t >> TAG_SHIFT == TAG_READ).then_some((t & ((1 << TAG_SHIFT) - 1)) as usize);
+        let slot = |t: u64| (Tag::of(t) == Some(Tag::TierRead)).then_some(value_of(t) as usize);
         for &(t, _) in got.iter().take(AHEAD) {
             if let Some(k) = slot(t) {
                 self.bufs.prefetch(k, 2);
@@ -358,15 +341,15 @@ impl Tier {
     }
 
     fn outcome(&mut self, t: u64, r: Result<RemoteDone, RemoteError>, out: &mut Vec<IoCompletion>) {
-        match t >> TAG_SHIFT {
-            TAG_UPLOAD => {
+        match Tag::of(t) {
+            Some(Tag::TierUpload) => {
                 let Some(name) = self.uploading.remove(&t) else {
                     return;
                 };
                 self.progress = true;
                 if self.doomed.remove(&name) {
                     if r.is_ok() {
-                        let t = self.token(TAG_DELETE);
+                        let t = self.token(Tag::TierDelete);
                         self.remote.delete(t, &name);
                     }
                     return;
@@ -382,19 +365,19 @@ impl Tier {
                     }
                 }
             }
-            TAG_DELETE => {
+            Some(Tag::TierDelete) => {
                 if let Err(e) = r {
                     self.stats.deletes_failed += 1;
                     self.stats.last_error = Some(e.to_string());
                 }
             }
-            TAG_PUNCH => {
+            Some(Tag::TierPunch) => {
                 self.punching.remove(&t);
                 if let Err(e) = r {
                     self.stats.last_error = Some(e.to_string());
                 }
             }
-            TAG_SCAN => {
+            Some(Tag::TierScan) => {
                 self.scanning = false;
                 match r {
                     Ok(RemoteDone::LocalFiles(f)) => self.scanned = Some(f),
@@ -404,9 +387,9 @@ impl Tier {
             }
             // A synchronous wait's outcome arriving after it gave up: none
             // (it waits for every one), so nothing to do.
-            TAG_SYNC => {}
-            TAG_READ => {
-                let k = (t & ((1 << TAG_SHIFT) - 1)) as usize;
+            Some(Tag::TierSync) => {}
+            Some(Tag::TierRead) => {
+                let k = value_of(t) as usize;
                 if self.bufs.get(k).is_none() {
                     return;
                 }
@@ -445,7 +428,7 @@ impl Tier {
                         }
                         if room
                             && !busy
-                            && t >> TAG_SHIFT == TAG_FETCH
+                            && Tag::of(t) == Some(Tag::Fetch)
                             && shape.is_none_or(|s| s.is_ok())
                             && !self.punching.values().any(|n| **n == *name)
                             && self.uploaded.contains(&*name)
@@ -483,7 +466,28 @@ impl Tier {
                     remote_block,
                 });
             }
-            _ => {}
+            // The remote is handed only the tier's own tokens.
+            Some(
+                Tag::Fetch
+                | Tag::FlushWrite
+                | Tag::FlushSync
+                | Tag::CompactWrite
+                | Tag::CompactSync
+                | Tag::CompactRead
+                | Tag::Open
+                | Tag::DirSync
+                | Tag::CkptWrite
+                | Tag::CkptSync
+                | Tag::CkptDirSync
+                | Tag::ExportRead
+                | Tag::ImportWrite
+                | Tag::ImportSync
+                | Tag::MarkerSync
+                | Tag::MarkerDirSync
+                | Tag::Unlink
+                | Tag::CacheWrite,
+            )
+            | None => {}
         }
     }
 
@@ -522,8 +526,8 @@ impl Tier {
             let mut got = std::mem::take(&mut self.stash);
             self.remote.poll(|t, r| got.push((t, r)));
             for (t, r) in got {
-                let i = (t & ((1 << TAG_SHIFT) - 1)).wrapping_sub(base) as usize;
-                if t >> TAG_SHIFT == TAG_SYNC && i < n && res[i].is_none() {
+                let i = value_of(t).wrapping_sub(base) as usize;
+                if Tag::of(t) == Some(Tag::TierSync) && i < n && res[i].is_none() {
                     res[i] = Some(r);
                     left -= 1;
                 } else {
@@ -548,7 +552,7 @@ impl Tier {
         deadline: Option<Instant>,
     ) -> Vec<Result<Bytes, RemoteError>> {
         let base = self.next_token + 1;
-        let tokens: Vec<u64> = wanted.iter().map(|_| self.token(TAG_SYNC)).collect();
+        let tokens: Vec<u64> = wanted.iter().map(|_| self.token(Tag::TierSync)).collect();
         let refs: Vec<(u64, &str, Range<u64>)> = wanted
             .iter()
             .zip(&tokens)
@@ -578,9 +582,9 @@ impl Tier {
     /// Lists the store's objects and waits for the answer (bounded by the
     /// client's timeout and retries).
     fn list_sync(&mut self) -> Result<Vec<(String, u64)>, RemoteError> {
-        let t = self.token(TAG_SYNC);
+        let t = self.token(Tag::TierSync);
         self.remote.list(t, "");
-        let base = t & ((1 << TAG_SHIFT) - 1);
+        let base = value_of(t);
         match self.wait_sync(base, 1, None).pop().flatten() {
             Some(Ok(RemoteDone::Listed(v))) => Ok(v),
             Some(Err(e)) => Err(e),
@@ -648,7 +652,7 @@ pub(super) fn prepare(
         .collect();
     if !fresh {
         for (n, _) in &missing {
-            let t = tier.token(TAG_DELETE);
+            let t = tier.token(Tag::TierDelete);
             tier.remote.delete(t, n);
         }
         let listed: Vec<(String, u64)> = listed
@@ -882,7 +886,7 @@ impl<I: Io> Store<I> {
         let dirs = [self.cfg.dir.clone(), self.cfg.dir.join(FETCHED_DIR)];
         let tier = self.tier.as_mut().expect("checked");
         tier.scanning = true;
-        let t = tier.token(TAG_SCAN);
+        let t = tier.token(Tag::TierScan);
         let what = self.cfg.dir.display().to_string();
         tier.remote.local_task(t, what, move || {
             use std::os::unix::fs::MetadataExt;
@@ -1003,7 +1007,7 @@ impl<I: Io> Store<I> {
         let tier = self.tier.as_mut().expect("evicting with a tier");
         tier.evicted.insert(name.to_string());
         tier.stats.evictions += 1;
-        let t = tier.token(TAG_PUNCH);
+        let t = tier.token(Tag::TierPunch);
         tier.punching.insert(t, name.to_string());
         tier.remote
             .local_task(t, path.display().to_string(), move || {
@@ -1064,7 +1068,7 @@ impl<I: Io> Store<I> {
             let epoch = w.residency.epoch();
             let k = tier.wb.insert((w.name, w.residency, w.off, len, epoch));
             self.io
-                .write(f, w.off, w.buf, tag(TAG_CACHE_WRITE, k as u64));
+                .write(f, w.off, w.buf, tag(Tag::CacheWrite, k as u64));
         }
         tier.writebacks = pass;
     }
