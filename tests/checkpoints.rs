@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{Daemon, collect, opts, run};
 use stator_client::keygroup::{java_long_hash, key_group_for_hash};
 use stator_client::{Error, Kind, Notify, Request, Session, Status, ValueState};
-use stator_ring::control::status::RESTORE_REFUSED;
+use stator_ring::control::status::{BAD_REQUEST, RESTORE_REFUSED};
 
 const MAXP: u32 = 128;
 
@@ -584,8 +584,35 @@ fn a_released_checkpoint_goes_for_its_operator_only() {
         );
     }
     drop((other, jm));
+    // A third subtask's checkpoint, released with no session (as Flink's
+    // JobManager does): only a whole release of good handles goes, and
+    // only for the operator named.
+    let m3: BTreeMap<u64, u64> = (0..500).map(|k| (k, k + 3)).collect();
+    let h3 = {
+        let (mut s, st) = open(&d, "rel3", 0, 1);
+        put_all(&mut s, st, &m3);
+        let h = checkpoint(&mut s, 7);
+        notify(&mut s, 7, Notify::Complete);
+        h
+    };
+    let garbage = vec![0xAB; 24];
+    match stator_client::release_checkpoints(&d.socket, "rel3", "op", &[&h3, &garbage]) {
+        Err(Error::Refused { status, message }) => {
+            assert_eq!(status, BAD_REQUEST, "{message}")
+        }
+        other => panic!("a release with a garbage handle: {other:?}"),
+    }
+    let release = |job: &str, op: &str| {
+        stator_client::release_checkpoints(&d.socket, job, op, &[&h3]).unwrap()
+    };
+    assert_eq!(release("rel3", "other-op"), 0);
+    assert_eq!(release("no-such-job", "op"), 0);
+    assert_eq!(release("rel3", "op"), 1);
+    assert_eq!(release("rel3", "op"), 0, "again");
     drop(d);
     let d = Daemon::start_with_config(tmp.path(), 64, "");
+    let (mut s3, _) = open(&d, "rel3", 0, 1);
+    assert!(matches!(s3.restore(&[&h3]), Err(Error::Refused { .. })));
     let (mut s1, _) = open(&d, "rel", 1, 2);
     match s1.restore(&[&handles[1]]) {
         Err(Error::Refused { status, message }) => {

@@ -770,6 +770,15 @@ fn answer(ctx: &Ctx, c: &mut Conn, frame: &[u8]) -> Next {
                 Some(o) => control::restore(ctx, o, handles),
             },
         ),
+        // With or without a session (a JobManager's connection has none).
+        Request::Release {
+            job,
+            operator,
+            handles,
+        } => (
+            msg::RELEASE,
+            control::release(ctx, c.uid, &job, &operator, handles),
+        ),
         Request::Close => {
             if let Some(o) = c.session.take() {
                 control::close(ctx, &o);

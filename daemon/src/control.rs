@@ -221,17 +221,7 @@ pub(crate) fn open(
     }
     let (lo, hi) =
         key_groups.unwrap_or_else(|| key_group_range(max_parallelism, parallelism, subtask));
-    // An operator's state lives on one shard, a fixed function of its
-    // names (xxh3, stable across releases), so a reopened or rescaled
-    // subtask finds its key groups there. Changing `shards` moves
-    // operators; state then comes back through checkpoints.
-    let shard = {
-        let mut b = Vec::with_capacity(job.len() + operator.len() + 1);
-        b.extend_from_slice(job.as_bytes());
-        b.push(0);
-        b.extend_from_slice(operator.as_bytes());
-        (xxhash_rust::xxh3::xxh3_64(&b) % ctx.shards.len() as u64) as usize
-    };
+    let shard = shard_of(ctx, &owner_key(job, operator));
     let id = ctx.next_session.fetch_add(1, Ordering::Relaxed);
     let params = RingParams {
         sq_entries,
@@ -345,6 +335,62 @@ pub(crate) fn restore(ctx: &Ctx, o: &Open, handles: Vec<Vec<u8>>) -> Result<Resp
         Ok(Err(e @ StoreError::Restore(_))) => Err((status::RESTORE_REFUSED, e.to_string())),
         Ok(Err(e @ StoreError::Remote(_))) => Err((status::REMOTE, e.to_string())),
         Ok(Err(e)) => Err((status::INTERNAL, format!("restore failed: {e}"))),
+        Err(_) => Err((status::INTERNAL, "the shard is not running".into())),
+    }
+}
+
+/// An operator's key in the store, `job\0operator` (checkpoints are
+/// owned by it).
+fn owner_key(job: &str, operator: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(job.len() + operator.len() + 1);
+    b.extend_from_slice(job.as_bytes());
+    b.push(0);
+    b.extend_from_slice(operator.as_bytes());
+    b
+}
+
+/// The shard of an operator: its state lives on one, a fixed function of
+/// its names (xxh3 of its key, stable across releases), so a reopened or
+/// rescaled subtask finds its key groups there. Changing `shards` moves
+/// operators; state then comes back through checkpoints.
+fn shard_of(ctx: &Ctx, owner: &[u8]) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(owner) % ctx.shards.len() as u64) as usize
+}
+
+/// Deletes the checkpoints of `job`'s `operator` that the handles name
+/// and the daemon retains (a `Release`: the engine discarded them). No
+/// session, no claim: `uid` must own the job (or be privileged).
+pub(crate) fn release(
+    ctx: &Ctx,
+    uid: u32,
+    job: &str,
+    operator: &str,
+    handles: Vec<Vec<u8>>,
+) -> Result<Response, Refusal> {
+    if job.is_empty() || operator.is_empty() || job.contains('\0') || operator.contains('\0') {
+        return Err((
+            status::BAD_REQUEST,
+            "job and operator must be non-empty and contain no NUL".into(),
+        ));
+    }
+    ctx.registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .may_release(job, uid)?;
+    let owner = owner_key(job, operator);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    ctx.shards[shard_of(ctx, &owner)].send(ShardMsg::Release {
+        owner,
+        handles,
+        reply: tx,
+    });
+    match rx.recv() {
+        Ok(Ok(released)) => {
+            tracing::debug!(job, operator, released, "checkpoints released");
+            Ok(Response::Released { released })
+        }
+        Ok(Err(e @ StoreError::Invalid(_))) => Err((status::BAD_REQUEST, e.to_string())),
+        Ok(Err(e)) => Err((status::INTERNAL, format!("release failed: {e}"))),
         Err(_) => Err((status::INTERNAL, "the shard is not running".into())),
     }
 }

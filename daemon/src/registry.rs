@@ -302,6 +302,29 @@ impl Registry {
         }
     }
 
+    /// Whether `uid` may release checkpoints of `job` (a `Release`, with
+    /// no session): the job's owner, root and statord's own uid may; a job
+    /// no uid owns yet may be released by anyone (it has nothing: a
+    /// release never claims), except one with state and no owner (as for
+    /// `claim`).
+    pub fn may_release(&self, job: &str, uid: u32) -> Result<(), Refusal> {
+        if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+            return Ok(());
+        }
+        match self.jobs.get(job) {
+            Some(&owner) if owner == uid => Ok(()),
+            Some(&owner) => Err((
+                status::DENIED,
+                format!("job `{job}` belongs to uid {owner}, not {uid}"),
+            )),
+            None if self.entries.iter().any(|e| e.job == job) => Err((
+                status::DENIED,
+                format!("job `{job}` has state but no owning uid"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The store-wide id of a state, registering it (durably) if new.
     pub(crate) fn register(
         &mut self,

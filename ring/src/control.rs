@@ -24,6 +24,7 @@ pub mod msg {
     pub const REGISTER: u8 = 2;
     pub const CLOSE: u8 = 3;
     pub const RESTORE: u8 = 4;
+    pub const RELEASE: u8 = 5;
     pub const RESPONSE: u8 = 0x80;
 }
 
@@ -97,6 +98,16 @@ pub enum Request {
     /// before submitting requests. At most [`MAX_HANDLES`] handles of at
     /// most [`MAX_HANDLE_LEN`] bytes each.
     Restore { handles: Vec<Vec<u8>> },
+    /// The engine no longer references the checkpoints `handles` of
+    /// `job`'s `operator` (Flink discarded them): the daemon deletes those
+    /// it retains. Needs no session (a JobManager sends it) and claims no
+    /// job. At most [`MAX_HANDLES`] handles of at most [`MAX_HANDLE_LEN`]
+    /// bytes each.
+    Release {
+        job: String,
+        operator: String,
+        handles: Vec<Vec<u8>>,
+    },
 }
 
 /// Handles one `Restore` may carry.
@@ -124,6 +135,11 @@ pub enum Response {
     Restored {
         checkpoints: u32,
         layers: u32,
+    },
+    /// The release is done: checkpoints deleted (the others were not, or
+    /// no longer, retained here).
+    Released {
+        released: u32,
     },
     /// A refusal: `status` < 0 and a human-readable reason.
     Error {
@@ -196,6 +212,23 @@ impl<'a> Reader<'a> {
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| DecodeError::NotUtf8)
     }
+    /// A handle list (`Restore`, `Release`): `u16` count, then `u16`
+    /// length and bytes each.
+    fn handles(&mut self) -> Result<Vec<Vec<u8>>, DecodeError> {
+        let n = self.u16()? as usize;
+        if n > MAX_HANDLES {
+            return Err(DecodeError::TooManyHandles(n));
+        }
+        let mut handles = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = self.u16()? as usize;
+            if len > MAX_HANDLE_LEN {
+                return Err(DecodeError::HandleTooLong(len));
+            }
+            handles.push(self.take(len)?.to_vec());
+        }
+        Ok(handles)
+    }
     fn end(&self) -> Result<(), DecodeError> {
         match self.0.len() {
             0 => Ok(()),
@@ -211,6 +244,23 @@ fn put_name(out: &mut Vec<u8>, s: &str) -> Result<(), DecodeError> {
         return Err(DecodeError::NameTooLong(s.len()));
     }
     put_str(out, s);
+    Ok(())
+}
+
+/// Appends a handle list (see `Reader::handles`), refused past
+/// [`MAX_HANDLES`] handles or [`MAX_HANDLE_LEN`] bytes in one.
+fn put_handles(out: &mut Vec<u8>, handles: &[Vec<u8>]) -> Result<(), DecodeError> {
+    if handles.len() > MAX_HANDLES {
+        return Err(DecodeError::TooManyHandles(handles.len()));
+    }
+    out.extend_from_slice(&(handles.len() as u16).to_le_bytes());
+    for h in handles {
+        if h.len() > MAX_HANDLE_LEN {
+            return Err(DecodeError::HandleTooLong(h.len()));
+        }
+        out.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        out.extend_from_slice(h);
+    }
     Ok(())
 }
 
@@ -281,18 +331,18 @@ impl Request {
             }
             Request::Close => out.push(msg::CLOSE),
             Request::Restore { handles } => {
-                if handles.len() > MAX_HANDLES {
-                    return Err(DecodeError::TooManyHandles(handles.len()));
-                }
                 out.push(msg::RESTORE);
-                out.extend_from_slice(&(handles.len() as u16).to_le_bytes());
-                for h in handles {
-                    if h.len() > MAX_HANDLE_LEN {
-                        return Err(DecodeError::HandleTooLong(h.len()));
-                    }
-                    out.extend_from_slice(&(h.len() as u16).to_le_bytes());
-                    out.extend_from_slice(h);
-                }
+                put_handles(out, handles)?;
+            }
+            Request::Release {
+                job,
+                operator,
+                handles,
+            } => {
+                out.push(msg::RELEASE);
+                put_name(out, job)?;
+                put_name(out, operator)?;
+                put_handles(out, handles)?;
             }
         }
         if out.len() - 4 > MAX_FRAME {
@@ -347,20 +397,18 @@ impl Request {
                 Request::Register { kind, name }
             }
             msg::CLOSE => Request::Close,
-            msg::RESTORE => {
-                let n = r.u16()? as usize;
-                if n > MAX_HANDLES {
-                    return Err(DecodeError::TooManyHandles(n));
+            msg::RESTORE => Request::Restore {
+                handles: r.handles()?,
+            },
+            msg::RELEASE => {
+                let job = r.str()?;
+                let operator = r.str()?;
+                let handles = r.handles()?;
+                Request::Release {
+                    job,
+                    operator,
+                    handles,
                 }
-                let mut handles = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let len = r.u16()? as usize;
-                    if len > MAX_HANDLE_LEN {
-                        return Err(DecodeError::HandleTooLong(len));
-                    }
-                    handles.push(r.take(len)?.to_vec());
-                }
-                Request::Restore { handles }
             }
             t => return Err(DecodeError::Type(t)),
         };
@@ -405,6 +453,11 @@ impl Response {
                 out.extend_from_slice(&checkpoints.to_le_bytes());
                 out.extend_from_slice(&layers.to_le_bytes());
             }
+            Response::Released { released } => {
+                out.push(msg::RELEASE | msg::RESPONSE);
+                out.extend_from_slice(&status::OK.to_le_bytes());
+                out.extend_from_slice(&released.to_le_bytes());
+            }
             Response::Error {
                 request,
                 status,
@@ -447,6 +500,7 @@ impl Response {
                     checkpoints: r.u32()?,
                     layers: r.u32()?,
                 },
+                msg::RELEASE => Response::Released { released: r.u32()? },
                 _ => return Err(DecodeError::Type(t)),
             }
         };
@@ -505,6 +559,11 @@ mod tests {
             Request::Restore {
                 handles: vec![vec![1; 24], vec![], vec![2; 3]],
             },
+            Request::Release {
+                job: "j".into(),
+                operator: "op".into(),
+                handles: vec![vec![7; 24]],
+            },
         ];
         let mut buf = Vec::new();
         for q in &reqs {
@@ -554,6 +613,7 @@ mod tests {
                 checkpoints: 2,
                 layers: 11,
             },
+            Response::Released { released: 3 },
             Response::Error {
                 request: msg::REGISTER,
                 status: status::CONFLICT,

@@ -630,7 +630,8 @@ fn discarded_checkpoints_are_gone_and_completed_ones_stay() {
 
 /// A checkpoint the engine released (Flink discarded it) goes, completed
 /// or not, but only for its owner and only the one the handle names; a
-/// release repeats harmlessly, and a handle that does not decode is refused.
+/// release repeats harmlessly, and one with a handle that does not decode
+/// is refused whole (the good handle beside it stays).
 #[test]
 fn released_checkpoints_go_for_their_owner_only() {
     let dir = tempfile::tempdir().unwrap();
@@ -641,23 +642,29 @@ fn released_checkpoints_go_for_their_owner_only() {
     let h2 = checkpoint(&mut s, whole(2)).unwrap();
     s.checkpoint_notify(OWNERS[0], 1, Notify::Complete);
     assert_eq!(s.stats().checkpoints_retained, 2);
-    assert!(
-        !s.release_checkpoint(OWNERS[1], &h1).unwrap(),
+    assert_eq!(
+        s.release_checkpoints(OWNERS[1], &[&h1]).unwrap(),
+        0,
         "another owner's"
     );
-    assert!(
-        s.release_checkpoint(OWNERS[0], &h1).unwrap(),
+    assert_eq!(
+        s.release_checkpoints(OWNERS[0], &[&h1]).unwrap(),
+        1,
         "a completed one goes"
     );
-    assert!(!s.release_checkpoint(OWNERS[0], &h1).unwrap(), "only once");
+    assert_eq!(
+        s.release_checkpoints(OWNERS[0], &[&h1]).unwrap(),
+        0,
+        "only once"
+    );
     let mut altered = h2.clone();
     altered[10] ^= 1;
     assert!(matches!(
-        s.release_checkpoint(OWNERS[0], &altered),
+        s.release_checkpoints(OWNERS[0], &[&h2, &altered]),
         Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
-        s.release_checkpoint(OWNERS[0], &h2[..20]),
+        s.release_checkpoints(OWNERS[0], &[&h2[..20]]),
         Err(StoreError::Invalid(_))
     ));
     assert_eq!(s.stats().checkpoints_retained, 1);
@@ -666,8 +673,9 @@ fn released_checkpoints_go_for_their_owner_only() {
         Err(StoreError::Restore(_))
     ));
     s.restore(WHOLE, &[&h2]).unwrap();
-    assert!(
-        s.release_checkpoint(OWNERS[0], &h2).unwrap(),
+    assert_eq!(
+        s.release_checkpoints(OWNERS[0], &[&h2, &h1]).unwrap(),
+        1,
         "an uncompleted one goes"
     );
     assert_eq!(s.stats().checkpoints_retained, 0);

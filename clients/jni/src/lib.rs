@@ -315,14 +315,12 @@ pub extern "system" fn Java_io_stator_flink_jni_StatorJni_notifyCheckpoint(
     )
 }
 
-/// Releases the checkpoint whose handle the argument block holds (one,
-/// as `restore` takes them): 1 if statord held it and deleted it, 0 if it
-/// held nothing of it.
+/// Releases checkpoints with no session (argument block: socket, job,
+/// operator, handles); returns how many statord deleted.
 #[unsafe(no_mangle)]
-pub extern "system" fn Java_io_stator_flink_jni_StatorJni_releaseCheckpoint(
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_releaseCheckpoints(
     _: *mut JNIEnv,
     _: jclass,
-    h: jlong,
     io: jlong,
     len: jint,
 ) -> jint {
@@ -330,7 +328,7 @@ pub extern "system" fn Java_io_stator_flink_jni_StatorJni_releaseCheckpoint(
         |c| c,
         || {
             let a = args(io, len)?;
-            on(h, |s| Ok(jint::from(s.release(&a)?)))
+            Ok(session::release(&a)? as jint)
         },
     )
 }

@@ -294,22 +294,6 @@ impl JniSession {
         status
     }
 
-    /// Tells statord the engine no longer references the checkpoint
-    /// whose handle `args` holds (one, as `restore` takes them: Flink
-    /// discarded it); whether statord held it for this session's operator
-    /// and deleted it.
-    pub fn release(&mut self, args: &[u8]) -> Result<bool, Fail> {
-        let [handle] = &read_handles(args)?[..] else {
-            return Err(Fail::arg("a release names exactly one checkpoint handle"));
-        };
-        self.s
-            .submit(&Request::checkpoint_release(handle), TOKEN_NOTIFY)?;
-        self.s.flush()?;
-        let d = self.wait_done(TOKEN_NOTIFY)?;
-        d.status?;
-        Ok(d.aux == 1)
-    }
-
     /// Bounds the outcomes of checkpoints nobody collected (an asynchronous
     /// part the engine cancelled): the oldest past [`KEPT_OUTCOMES`] go.
     /// Not every one up to a notification's id: the engine may notify a
@@ -349,6 +333,22 @@ impl JniSession {
     pub fn arena(&self) -> (std::ptr::NonNull<u8>, usize) {
         self.s.arena_range()
     }
+}
+
+/// Releases checkpoints with no session (`stator_client::release_checkpoints`)
+/// from an argument block: `socket`, `job`, `operator` (strings), then the
+/// handles as [`read_handles`] reads them. How many statord deleted.
+pub fn release(args: &[u8]) -> Result<u32, Fail> {
+    let mut r = Reader(args);
+    let socket = r.str()?;
+    let (job, operator) = (r.str()?, r.str()?);
+    let handles = read_handles(r.0)?;
+    let refs: Vec<&[u8]> = handles.iter().map(Vec::as_slice).collect();
+    stator_client::release_checkpoints(socket, job, operator, &refs).map_err(|e| {
+        let mut f = Fail::from(e);
+        f.message = format!("{} (socket {socket})", f.message);
+        f
+    })
 }
 
 /// Reads `u32 count` byte strings.

@@ -20,7 +20,7 @@ mod session;
 pub use asyncs::AsyncSession;
 pub use session::{
     Completion, IterMode, Kind, Notify, OpenOptions, RawRequest, Request, Reservation, Restored,
-    Session, ValueWriter,
+    Session, ValueWriter, release_checkpoints,
 };
 pub use stator_ring::keygroup;
 pub use stator_ring::{BufRef, Opcode, Status};

@@ -448,6 +448,40 @@ fn refused(r: Response) -> Error {
     }
 }
 
+/// Tells the daemon at `socket` that the engine no longer references the
+/// checkpoints `handles` of `job`'s `operator` (it discarded them: a
+/// cancelled job's, subsumed or aborted ones), completed or not; returns
+/// how many it held and deleted. Needs no session and claims no job (an
+/// engine's coordinator sends it, under the uid that owns the job); a
+/// handle of another daemon, or of a checkpoint already gone, deletes
+/// nothing. One that does not decode refuses the whole release.
+pub fn release_checkpoints(
+    socket: impl AsRef<Path>,
+    job: &str,
+    operator: &str,
+    handles: &[&[u8]],
+) -> Result<u32, Error> {
+    let socket = socket.as_ref();
+    let mut frame = Vec::new();
+    CtlRequest::Release {
+        job: job.to_string(),
+        operator: operator.to_string(),
+        handles: handles.iter().map(|h| h.to_vec()).collect(),
+    }
+    .encode(&mut frame)
+    .map_err(refused_here)?;
+    let mut sock = UnixStream::connect(socket).map_err(|e| Error::Connect {
+        path: socket.display().to_string(),
+        err: e,
+    })?;
+    sock.write_all(&frame).map_err(Error::gone)?;
+    let mut buf = Vec::new();
+    match read_response(&mut sock, &mut buf)? {
+        Response::Released { released } => Ok(released),
+        other => Err(refused(other)),
+    }
+}
+
 impl Session {
     /// Connects to the daemon's control socket and opens a session.
     pub fn open(socket: impl AsRef<Path>, o: &OpenOptions) -> Result<Session, Error> {

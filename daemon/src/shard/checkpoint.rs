@@ -99,9 +99,9 @@ fn release(
     if ring.view().read_into(v.value.off, &mut h).is_err() {
         return Cqe::status(v.user_data, Status::BadRange);
     }
-    match store.release_checkpoint(owner, &h) {
+    match store.release_checkpoints(owner, &[&h]) {
         Ok(released) => Cqe {
-            aux: u64::from(released),
+            aux: released as u64,
             ..Cqe::status(v.user_data, Status::Ok)
         },
         Err(e) => Cqe::status(v.user_data, status_of(&e)),

@@ -99,6 +99,14 @@ pub enum ShardMsg {
         handles: Vec<Vec<u8>>,
         reply: Sender<Result<Restored, StoreError>>,
     },
+    /// The engine no longer references these checkpoints of `owner`
+    /// (`job\0operator`): those the store retains are deleted. The reply:
+    /// how many were.
+    Release {
+        owner: Vec<u8>,
+        handles: Vec<Vec<u8>>,
+        reply: Sender<Result<u32, StoreError>>,
+    },
     Close {
         session: u64,
         reply: Sender<()>,
@@ -554,6 +562,13 @@ impl Shard {
                     };
                     let _ = reply.send(r);
                 }
+                ShardMsg::Release {
+                    owner,
+                    handles,
+                    reply,
+                } => {
+                    let _ = reply.send(self.release(&owner, &handles));
+                }
                 ShardMsg::Close { session, reply } => {
                     self.close(session);
                     let _ = reply.send(());
@@ -625,6 +640,17 @@ impl Shard {
 
     /// Drops a session: its memory is unmapped here (the client may keep
     /// its own mapping); requests still at the store are answered to no one.
+    /// A `Release` from the control socket (no session): see
+    /// [`ShardMsg::Release`].
+    fn release(&mut self, owner: &[u8], handles: &[Vec<u8>]) -> Result<u32, StoreError> {
+        let hs: Vec<&[u8]> = handles.iter().map(Vec::as_slice).collect();
+        let n = self.store.release_checkpoints(owner, &hs)?;
+        if n > 0 {
+            tracing::debug!(released = n, "checkpoints released");
+        }
+        Ok(n as u32)
+    }
+
     fn close(&mut self, id: u64) {
         let Some(slot) = self.by_id.remove(&id) else {
             return;

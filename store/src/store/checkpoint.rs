@@ -792,29 +792,47 @@ impl<I: Io> Store<I> {
         let Ok(h) = Handle::decode(handle) else {
             return false;
         };
-        match self.ckpt.retained.get(&h.seq) {
-            Some(r) if r.crc == h.manifest_crc && !r.completed => {}
-            _ => return false,
+        if self.named(&h).is_none_or(|r| r.completed) {
+            return false;
         }
         self.delete_manifest(h.seq);
         true
     }
 
-    /// The engine no longer references the checkpoint a handle names
-    /// (Flink discarded it: its job was cancelled, or it was subsumed or
-    /// aborted): deletes it, completed or not, if this store retains it
-    /// for `owner`. Whether it did; a handle of another store or owner, or
-    /// of a checkpoint already deleted, deletes nothing (a release may
-    /// repeat, and reach a daemon that never held it). A handle that does
-    /// not decode is refused.
-    pub fn release_checkpoint(&mut self, owner: &[u8], handle: &[u8]) -> Result<bool, StoreError> {
-        let h = Handle::decode(handle).map_err(|m| StoreError::Invalid(m.0))?;
-        match self.ckpt.retained.get(&h.seq) {
-            Some(r) if r.crc == h.manifest_crc && r.owner == owner => {}
-            _ => return Ok(false),
+    /// The engine no longer references the checkpoints the handles name
+    /// (Flink discarded them: their job was cancelled, or they were
+    /// subsumed or aborted): deletes those this store retains for
+    /// `owner`, completed or not. How many it did; a handle of another
+    /// store or owner, or of a checkpoint already deleted, deletes nothing
+    /// (a release may repeat, and reach a daemon that never held it). A
+    /// handle that does not decode refuses the whole release, before any
+    /// is deleted.
+    pub fn release_checkpoints(
+        &mut self,
+        owner: &[u8],
+        handles: &[&[u8]],
+    ) -> Result<usize, StoreError> {
+        let hs = handles
+            .iter()
+            .map(|h| Handle::decode(h).map_err(|m| StoreError::Invalid(m.0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut released = 0;
+        for h in hs {
+            if self.named(&h).is_some_and(|r| r.owner == owner) {
+                self.delete_manifest(h.seq);
+                released += 1;
+            }
         }
-        self.delete_manifest(h.seq);
-        Ok(true)
+        Ok(released)
+    }
+
+    /// The retained checkpoint a decoded handle names (its manifest's CRC
+    /// as the handle says), if this store holds it.
+    fn named(&self, h: &Handle) -> Option<&Retained> {
+        self.ckpt
+            .retained
+            .get(&h.seq)
+            .filter(|r| r.crc == h.manifest_crc)
     }
 
     /// Deletes manifest `seq` (file and marker) and unpins its segments.
