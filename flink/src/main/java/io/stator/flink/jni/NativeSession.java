@@ -91,6 +91,23 @@ public final class NativeSession implements AutoCloseable {
         return new NativeSession(h, o.socket);
     }
 
+    /**
+     * Tells the statord at {@code socket} that Flink no longer references these checkpoints of
+     * {@code job}'s {@code operator} (it discarded them), with no session and no claim of the
+     * job; returns how many statord held and deleted (a release may repeat, or reach a statord
+     * that never held them).
+     */
+    public static int releaseCheckpoints(String socket, String job, String operator, List<byte[]> checkpointHandles)
+            throws StatorException {
+        Scratch s = Scratch.get();
+        s.str(socket).str(job).str(operator);
+        s.u32(checkpointHandles.size());
+        for (byte[] h : checkpointHandles) {
+            s.bytes(h);
+        }
+        return check(StatorJni.releaseCheckpoints(s.address(), s.length()), "releasing checkpoints of " + job + "/" + operator);
+    }
+
     /** The control socket this session was opened through. */
     public String socket() {
         return socket;
@@ -209,16 +226,6 @@ public final class NativeSession implements AutoCloseable {
 
     public synchronized void notifyCheckpoint(long checkpointId, Notify kind) throws StatorException {
         check(StatorJni.notifyCheckpoint(live(), checkpointId, kind.wire), "notifying checkpoint " + checkpointId);
-    }
-
-    /**
-     * Tells statord that Flink no longer references the checkpoint with this handle (it discarded
-     * it); returns whether statord held it for this session's operator and deleted it (a release
-     * may repeat, or reach a statord that never held it).
-     */
-    public synchronized boolean releaseCheckpoint(byte[] checkpointHandle) throws StatorException {
-        Scratch s = handles(List.of(checkpointHandle));
-        return check(StatorJni.releaseCheckpoint(live(), s.address(), s.length()), "releasing a checkpoint") == 1;
     }
 
     /** Empties the session's state: a task that starts without a checkpoint sees nothing. */

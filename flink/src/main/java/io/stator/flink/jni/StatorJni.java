@@ -75,10 +75,10 @@ final class StatorJni {
     static native int notifyCheckpoint(long handle, long checkpointId, int kind);
 
     /**
-     * Releases the checkpoint whose handle the argument block holds (one): 1 if statord held it
-     * and deleted it, 0 if it held nothing of it.
+     * Releases checkpoints with no session (argument block: socket, job, operator, handles);
+     * returns how many statord deleted.
      */
-    static native int releaseCheckpoint(long handle, long io, int len);
+    static native int releaseCheckpoints(long io, int len);
 
     /** Empties the session's state (imports an empty snapshot). */
     static native int reset(long handle, long importId);

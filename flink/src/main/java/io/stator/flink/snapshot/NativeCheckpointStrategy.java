@@ -5,7 +5,7 @@ import io.stator.flink.jni.NativeSession;
 
 import org.apache.flink.core.fs.CloseableRegistry;
 import org.apache.flink.core.fs.Path;
-import org.apache.flink.core.memory.DataOutputSerializer;
+import org.apache.flink.core.memory.DataOutputViewStreamWrapper;
 import org.apache.flink.runtime.checkpoint.CheckpointOptions;
 import org.apache.flink.runtime.state.CheckpointStateOutputStream;
 import org.apache.flink.runtime.state.CheckpointStreamFactory;
@@ -19,6 +19,7 @@ import org.apache.flink.runtime.state.SnapshotResult;
 import org.apache.flink.runtime.state.SnapshotStrategy;
 import org.apache.flink.runtime.state.StreamStateHandle;
 import org.apache.flink.runtime.state.filesystem.FileStateHandle;
+import org.apache.flink.runtime.state.memory.ByteStreamStateHandle;
 import org.apache.flink.runtime.state.metainfo.StateMetaInfoSnapshot;
 
 import org.slf4j.Logger;
@@ -47,6 +48,8 @@ public final class NativeCheckpointStrategy<K>
 
     private final StatorKeyedStateBackend<K> backend;
     private volatile boolean closed;
+    /** The warning about streams Flink's discard cannot release, given once. */
+    private volatile boolean warnedUnreleasable;
 
     public NativeCheckpointStrategy(StatorKeyedStateBackend<K> backend) {
         this.backend = backend;
@@ -91,37 +94,48 @@ public final class NativeCheckpointStrategy<K>
             KeyedBackendSerializationProxy<K> proxy =
                     new KeyedBackendSerializationProxy<>(
                             backend.getKeySerializer(), barrier.metaInfo, false);
-            DataOutputSerializer bytes = new DataOutputSerializer(512);
-            h.write(bytes, proxy);
-            byte[] stream = bytes.getCopyOfBuffer();
-            // Absolute: the job manager resolves it, in another working directory.
-            String socket = java.nio.file.Path.of(backend.checkpointSession().socket()).toAbsolutePath().toString();
-            Path path = StatorFileSystem.path(socket, stream);
-            StreamStateHandle kept;
-            if (path != null) {
-                kept = new FileStateHandle(path, stream.length);
-            } else {
-                // Too long for a path (a key serializer's snapshot of tens of KiB): in Flink's
-                // checkpoint storage, where Flink's discard cannot reach statord.
-                LOG.warn(
-                        "The checkpoint of {}/{} has {} bytes of serializer metadata: kept in Flink's checkpoint "
-                                + "storage, so Flink's discard of it will not release it in statord",
-                        backend.job(),
-                        backend.operator(),
-                        stream.length);
-                CheckpointStateOutputStream out =
-                        streamFactory.createCheckpointStateOutputStream(CheckpointedStateScope.EXCLUSIVE);
-                registry.registerCloseable(out);
-                try {
-                    out.write(stream);
-                } finally {
-                    registry.unregisterCloseable(out);
-                }
-                kept = out.closeAndGetHandle();
+            // Through Flink's checkpoint stream, as any backend writes its snapshot (Flink's
+            // tests block on it to check a snapshot runs in its asynchronous part).
+            CheckpointStateOutputStream out =
+                    streamFactory.createCheckpointStateOutputStream(CheckpointedStateScope.EXCLUSIVE);
+            registry.registerCloseable(out);
+            try {
+                h.write(new DataOutputViewStreamWrapper(out), proxy);
+            } finally {
+                registry.unregisterCloseable(out);
             }
+            StreamStateHandle kept = releasable(out.closeAndGetHandle());
             return SnapshotResult.of(
                     new KeyGroupsStateHandle(new KeyGroupRangeOffsets(backend.getKeyGroupRange()), kept));
         };
+    }
+
+    /**
+     * The stream as Flink will keep it: a stream small enough to stay in Flink's metadata (a
+     * {@link ByteStreamStateHandle}, under Flink's memory threshold) goes into a {@code stator:}
+     * path instead, through which Flink's discard of it releases it in statord. A stream Flink
+     * put in a file of its checkpoint storage (a key serializer's snapshot of tens of KiB, or a
+     * threshold of 0) stays there, and its discard does not reach statord.
+     */
+    private StreamStateHandle releasable(StreamStateHandle stream) {
+        if (stream instanceof ByteStreamStateHandle b) {
+            // Absolute: the job manager resolves it, in another working directory.
+            String socket = java.nio.file.Path.of(backend.checkpointSession().socket()).toAbsolutePath().toString();
+            Path path = StatorFileSystem.path(socket, b.getData());
+            if (path != null) {
+                return new FileStateHandle(path, b.getData().length);
+            }
+        }
+        if (!warnedUnreleasable) {
+            warnedUnreleasable = true;
+            LOG.warn(
+                    "The checkpoints of {}/{} are kept as {} in Flink's checkpoint storage: Flink's discard of one "
+                            + "will not release it in statord",
+                    backend.job(),
+                    backend.operator(),
+                    stream.getClass().getSimpleName());
+        }
+        return stream;
     }
 
     private byte[] awaitDurable(long checkpointId, CloseableRegistry registry) throws Exception {

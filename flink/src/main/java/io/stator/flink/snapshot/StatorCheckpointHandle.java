@@ -19,8 +19,8 @@ import java.util.Arrays;
  * KeyGroupsStateHandle} (Flink's metadata serializer accepts only its own handle classes) over
  * a {@code FileStateHandle} whose {@code stator:} path holds the stream ({@link
  * StatorFileSystem}: Flink's discard of the handle reaches statord through it), or, for a
- * stream too long for a path, over whatever stream handle Flink's checkpoint storage gives. The
- * stream holds, in this order:
+ * stream Flink put in a file of its checkpoint storage (past its memory threshold) or one too
+ * long for a path, over the stream handle Flink made. The stream holds, in this order:
  *
  * <pre>
  *   8 bytes   magic "STATORFK"
@@ -70,21 +70,14 @@ public final class StatorCheckpointHandle {
         proxy.write(out);
     }
 
-    /** Whether a Flink handle's stream starts like a Stator checkpoint. */
-    public static boolean isStator(StreamStateHandle h) throws IOException {
-        try (InputStream in = open(h)) {
-            byte[] m = in.readNBytes(MAGIC.length);
-            return Arrays.equals(m, MAGIC);
-        }
-    }
-
     /**
      * Reads a Stator checkpoint from a Flink handle, or returns null if the stream is not one
      * (a checkpoint or savepoint in Flink's own format).
      */
     public static StatorCheckpointHandle read(KeyGroupsStateHandle h, ClassLoader userCode) throws IOException {
-        try (InputStream raw = open(h.getDelegateStateHandle())) {
-            return read(raw, h.getDelegateStateHandle().toString(), userCode);
+        StreamStateHandle d = h.getDelegateStateHandle();
+        try (InputStream raw = open(d)) {
+            return read(raw, d instanceof FileStateHandle f ? StatorFileSystem.shortly(f.getFilePath()) : d.toString(), userCode);
         }
     }
 

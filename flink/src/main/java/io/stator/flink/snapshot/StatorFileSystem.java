@@ -18,6 +18,7 @@ import java.net.URI;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.util.Base64;
+import java.util.List;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
@@ -35,17 +36,20 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * </pre>
  *
  * <p>Reading the path gives the stream (a restore decodes it without this class, see {@link
- * StatorCheckpointHandle#read}); deleting it opens a session of the checkpoint's job and operator
- * on that socket and releases the checkpoint by its statord handle (completed or not; a statord
- * that does not hold it changes nothing). Flink discards a checkpoint when it is subsumed, when
- * a pending one is aborted, and when its job is cancelled (unless checkpoints are retained on
- * cancellation) or finishes: that last case is the one no task is left to tell statord about.
+ * StatorCheckpointHandle#read}); deleting it sends statord on that socket a {@code Release} of
+ * the checkpoint's statord handle for its job and operator (daemon/CONTROL.md: no session, no
+ * claim of the job; the job manager's uid must own the job, as the task managers' does). A
+ * statord that does not hold it (subsumed checkpoints the tasks released already, another host's)
+ * changes nothing. Flink discards a checkpoint when it is subsumed, when a pending one is aborted,
+ * and when its job is cancelled (unless checkpoints are retained on cancellation) or finishes:
+ * that last case is the one no task is left to tell statord about.
  *
  * <p>Flink finds this file system through the {@code FileSystemFactory} service in the jar,
  * where Flink's own file systems are found: the jar must be in Flink's {@code lib/} on the
  * JobManager too. A JobManager on a host without that socket cannot reach the statord: it logs
- * one warning and treats the discard as done; such a checkpoint stays until statord's retention
- * drops it ({@code retained_checkpoints}, and subsumption, which the tasks notify).
+ * one warning and treats the discard as done; such a checkpoint stays in statord (a cancelled
+ * job sends no later checkpoint to push it out of {@code retained_checkpoints}) until it is
+ * released by hand.
  */
 public final class StatorFileSystem extends FileSystem {
 
@@ -53,8 +57,11 @@ public final class StatorFileSystem extends FileSystem {
 
     private static final Logger LOG = LoggerFactory.getLogger(StatorFileSystem.class);
 
-    /** Longest path written: Flink's metadata keeps a path as a modified-UTF-8 string (64 KiB). */
-    static final int MAX_PATH = 60_000;
+    /**
+     * Longest path written (about 15 KB of stream): Flink's metadata keeps a path as a string of
+     * at most 64 KiB, once per subtask; a longer stream stays the handle Flink made of it.
+     */
+    static final int MAX_PATH = 20_000;
 
     private static final URI ROOT = URI.create(SCHEME + ":/");
     private static final Base64.Encoder ENCODE = Base64.getUrlEncoder().withoutPadding();
@@ -79,7 +86,7 @@ public final class StatorFileSystem extends FileSystem {
         String[] parts = p == null ? new String[0] : p.split("/");
         // "", socket, stream
         if (!SCHEME.equals(u.getScheme()) || parts.length != 3 || parts[1].isEmpty() || parts[2].isEmpty()) {
-            throw new FileNotFoundException("not a Stator checkpoint path: " + path);
+            throw new FileNotFoundException("not a Stator checkpoint path: " + shortly(path));
         }
         return parts;
     }
@@ -88,8 +95,14 @@ public final class StatorFileSystem extends FileSystem {
         try {
             return DECODE.decode(part);
         } catch (IllegalArgumentException e) {
-            throw new FileNotFoundException("not a Stator checkpoint path (" + e.getMessage() + "): " + path);
+            throw new FileNotFoundException("not a Stator checkpoint path (" + e.getMessage() + "): " + shortly(path));
         }
+    }
+
+    /** A path for a message: its start and its length (the whole can be kilobytes). */
+    static String shortly(Path path) {
+        String p = path.toString();
+        return p.length() <= 96 ? p : p.substring(0, 96) + "... (" + p.length() + " chars)";
     }
 
     /** The control socket a checkpoint's path names. */
@@ -187,9 +200,9 @@ public final class StatorFileSystem extends FileSystem {
     @Override
     public boolean delete(Path f, boolean recursive) throws IOException {
         String socket = socketOf(f);
-        StatorCheckpointHandle c = StatorCheckpointHandle.read(new BytesInputStream(bytesOf(f)), f.toString(), null);
+        StatorCheckpointHandle c = StatorCheckpointHandle.read(new BytesInputStream(bytesOf(f)), shortly(f), null);
         if (c == null) {
-            throw new IOException("not a Stator checkpoint stream: " + f);
+            throw new IOException("not a Stator checkpoint stream: " + shortly(f));
         }
         if (!Files.exists(java.nio.file.Path.of(socket))) {
             if (warnedUnreachable.compareAndSet(false, true)) {
@@ -201,38 +214,18 @@ public final class StatorFileSystem extends FileSystem {
             }
             return true;
         }
-        NativeSession.Options o = new NativeSession.Options();
-        o.socket = socket;
-        o.job = c.job;
-        o.operator = c.operator;
-        o.maxParallelism = c.maxParallelism;
-        o.keyGroupFirst = c.keyGroups.getStartKeyGroup();
-        o.keyGroupLast = c.keyGroups.getEndKeyGroup();
-        // The smallest queues statord takes (session.max_entries).
-        o.sqEntries = 64;
-        o.cqEntries = 64;
-        o.arenaBytes = 64 << 10;
-        o.chunkSlots = 1;
-        NativeSession s = NativeSession.open(o);
-        boolean released;
         try {
-            released = s.releaseCheckpoint(c.handle);
-        } catch (IOException e) {
-            closeQuietly(s);
-            throw e;
+            int released = NativeSession.releaseCheckpoints(socket, c.job, c.operator, List.of(c.handle));
+            LOG.debug("Released {} Stator checkpoint of {}/{} {}", released, c.job, c.operator, c.keyGroups);
+        } catch (LinkageError e) {
+            // No native library on this host (Flink's discard catches IOExceptions only).
+            throw new IOException("cannot load Stator's native library to release " + describe(c), e);
         }
-        // Answered: a session that fails to close now changes nothing (statord drops it).
-        closeQuietly(s);
-        LOG.debug("Released Stator checkpoint of {}/{} {}: {}", c.job, c.operator, c.keyGroups, released);
         return true;
     }
 
-    private static void closeQuietly(NativeSession s) {
-        try {
-            s.close();
-        } catch (IOException e) {
-            LOG.debug("Closing a release session failed", e);
-        }
+    private static String describe(StatorCheckpointHandle c) {
+        return "the Stator checkpoint of " + c.job + "/" + c.operator + " " + c.keyGroups;
     }
 
     @Override
