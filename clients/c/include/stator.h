@@ -767,6 +767,26 @@ int32_t stator_restore(struct stator_session *session,
                        uint32_t *layers);
 
 /**
+ * Tells the daemon at `socket_path` that the engine no longer references
+ * the checkpoints `handles` of `job`'s `operator_name` (it discarded
+ * them), completed or not, with no session and no claim of the job (the
+ * caller's uid must own it); `*released` (may be NULL) gets how many the
+ * daemon held and deleted. A handle of another daemon, or of a
+ * checkpoint already gone, deletes nothing; one that does not decode
+ * refuses the whole release (`STATOR_E_REFUSED`).
+ *
+ * # Safety
+ * `socket_path`, `job` and `operator_name` are NUL-terminated strings;
+ * `handles` as for `stator_restore`; `released` NULL or writable.
+ */
+int32_t stator_release_checkpoints(const char *socket_path,
+                                   const char *job,
+                                   const char *operator_name,
+                                   const struct stator_bytes *handles,
+                                   size_t count,
+                                   uint32_t *released);
+
+/**
  * Queues one request; it becomes visible to the daemon at the next
  * `stator_flush` (or wait), and completes with `user_data` in a later
  * `stator_reap`. Byte ranges are copied into shared memory: the caller

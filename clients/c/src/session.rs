@@ -626,23 +626,8 @@ pub unsafe extern "C" fn stator_restore(
     layers: *mut u32,
 ) -> i32 {
     with_session(session, |s| {
-        if count > 0 && handles.is_null() {
-            return Err(Fail::null("handles"));
-        }
-        if !handles.is_aligned() {
-            return Err(Fail::arg("handles is misaligned"));
-        }
-        if count > 4096 {
-            return Err(Fail::arg(format!("{count} handles is more than 4096")));
-        }
-        let mut hs: Vec<&[u8]> = Vec::with_capacity(count);
-        for i in 0..count {
-            // SAFETY: `handles` holds `count` readable entries, each a
-            // valid byte range, by the caller's contract.
-            let h = unsafe { &*handles.add(i) };
-            // SAFETY: as above.
-            hs.push(unsafe { bytes(h.data, h.len, "a handle")? });
-        }
+        // SAFETY: the caller's contract above.
+        let hs = unsafe { handle_list(handles, count)? };
         let r = s.restore(&hs)?;
         // SAFETY: NULL (skipped) or writable, by the caller's contract.
         unsafe {
@@ -652,6 +637,71 @@ pub unsafe extern "C" fn stator_restore(
             if let Some(l) = layers.as_mut() {
                 *l = r.layers;
             }
+        }
+        Ok(STATOR_OK)
+    })
+}
+
+/// `count` handles from `handles`, borrowed.
+///
+/// # Safety
+/// `handles` points to `count` `stator_bytes` (NULL only with `count` 0),
+/// each valid for its length.
+unsafe fn handle_list<'a>(handles: *const stator_bytes, count: usize) -> Res<Vec<&'a [u8]>> {
+    if count > 0 && handles.is_null() {
+        return Err(Fail::null("handles"));
+    }
+    if !handles.is_aligned() {
+        return Err(Fail::arg("handles is misaligned"));
+    }
+    if count > 4096 {
+        return Err(Fail::arg(format!("{count} handles is more than 4096")));
+    }
+    let mut hs: Vec<&[u8]> = Vec::with_capacity(count);
+    for i in 0..count {
+        // SAFETY: `handles` holds `count` readable entries, each a valid
+        // byte range, by the caller's contract.
+        let h = unsafe { &*handles.add(i) };
+        // SAFETY: as above.
+        hs.push(unsafe { bytes(h.data, h.len, "a handle")? });
+    }
+    Ok(hs)
+}
+
+/// Tells the daemon at `socket_path` that the engine no longer references
+/// the checkpoints `handles` of `job`'s `operator_name` (it discarded
+/// them), completed or not, with no session and no claim of the job (the
+/// caller's uid must own it); `*released` (may be NULL) gets how many the
+/// daemon held and deleted. A handle of another daemon, or of a
+/// checkpoint already gone, deletes nothing; one that does not decode
+/// refuses the whole release (`STATOR_E_REFUSED`).
+///
+/// # Safety
+/// `socket_path`, `job` and `operator_name` are NUL-terminated strings;
+/// `handles` as for `stator_restore`; `released` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn stator_release_checkpoints(
+    socket_path: *const c_char,
+    job: *const c_char,
+    operator_name: *const c_char,
+    handles: *const stator_bytes,
+    count: usize,
+    released: *mut u32,
+) -> i32 {
+    guard(|| {
+        // SAFETY: the caller's contract above.
+        let (path, job, op, hs) = unsafe {
+            (
+                string(socket_path, "socket_path")?,
+                string(job, "job")?,
+                string(operator_name, "operator_name")?,
+                handle_list(handles, count)?,
+            )
+        };
+        let n = stator_client::release_checkpoints(path, job, op, &hs)?;
+        // SAFETY: NULL (skipped) or writable, by the caller's contract.
+        if let Some(r) = unsafe { released.as_mut() } {
+            *r = n;
         }
         Ok(STATOR_OK)
     })

@@ -863,6 +863,23 @@ static void test_checkpoints_and_snapshots(void) {
     CHECK(one(s).status == STATOR_E_BAD_ARGUMENT);
     CHECK_RC(stator_checkpoint_release(s, NULL, 24, 103), STATOR_E_NULL);
     CHECK_RC(stator_restore(s, &h, 1, NULL, NULL), STATOR_E_REFUSED);
+    /* And with no session, as an engine's coordinator would. */
+    OK(stator_checkpoint(s, 2, 104));
+    c = one(s);
+    CHECK(c.status == STATOR_OK && c.value_len > 0 && c.value_len <= sizeof handle);
+    memcpy(handle, c.value, c.value_len);
+    stator_bytes h2 = {handle, c.value_len};
+    char job[128];
+    snprintf(job, sizeof job, "c-tests-ckpt-%ld", (long)getpid());
+    uint32_t released = 9;
+    CHECK_RC(stator_release_checkpoints(sock, job, "op", &g, 1, &released), STATOR_E_REFUSED);
+    OK(stator_release_checkpoints(sock, job, "other-op", &h2, 1, &released));
+    CHECK(released == 0);
+    OK(stator_release_checkpoints(sock, job, "op", &h2, 1, &released));
+    CHECK(released == 1);
+    OK(stator_release_checkpoints(sock, job, "op", &h2, 1, NULL));
+    CHECK_RC(stator_release_checkpoints(NULL, job, "op", &h2, 1, NULL), STATOR_E_NULL);
+    CHECK_RC(stator_restore(s, &h2, 1, NULL, NULL), STATOR_E_REFUSED);
     OK(stator_free(s));
 
     /* Import the portable snapshot into another job, at parallelism 1. */
