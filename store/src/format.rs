@@ -438,6 +438,23 @@ fn head(key: &[u8]) -> u64 {
 }
 
 impl BlockIndex {
+    /// Makes room for `blocks` more blocks whose last keys take
+    /// `key_bytes` together, so pushing them does not grow the vectors by
+    /// doubling (a compaction's output reserves what its inputs' indexes
+    /// hold: up to twice that in doubled capacity otherwise, past the
+    /// memory it was admitted with).
+    pub fn reserve(&mut self, blocks: usize, key_bytes: usize) {
+        self.keys.reserve_exact(key_bytes);
+        self.key_ends.reserve_exact(blocks);
+        self.offsets.reserve_exact(blocks);
+        self.lens.reserve_exact(blocks);
+    }
+
+    /// Bytes of the blocks' last keys together.
+    pub fn key_bytes(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Adds the next block (last keys ascending). Call [`BlockIndex::seal`]
     /// after the last one.
     pub fn push(&mut self, offset: u64, len: u32, last_key: &[u8]) {
@@ -799,6 +816,28 @@ pub fn footer_page(file_len: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An index reserved for what it will hold grows to exactly that
+    /// (a compaction's output was admitted for its inputs' index memory;
+    /// pushing into unreserved vectors left up to twice that allocated).
+    #[test]
+    fn a_reserved_index_holds_no_doubled_capacity() {
+        let keys: Vec<Vec<u8>> = (0..1000u32)
+            .map(|i| format!("key-{i:08}").into_bytes())
+            .collect();
+        let key_bytes: usize = keys.iter().map(Vec::len).sum();
+        let exact = key_bytes + keys.len() * (4 + 8 + 4);
+        let mut grown = BlockIndex::default();
+        let mut reserved = BlockIndex::default();
+        reserved.reserve(keys.len(), key_bytes);
+        for (i, k) in keys.iter().enumerate() {
+            grown.push(i as u64 * 4096, 4096, k);
+            reserved.push(i as u64 * 4096, 4096, k);
+        }
+        assert_eq!(reserved.memory_bytes(), exact);
+        assert!(grown.memory_bytes() > exact, "{}", grown.memory_bytes());
+        assert_eq!(reserved.key_bytes(), key_bytes);
+    }
 
     /// `find` against a scan, sealed and not, over keys that share heads,
     /// run tags and prefixes, are shorter than 8 bytes or end in zeros.

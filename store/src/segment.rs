@@ -526,6 +526,13 @@ impl SegmentWriter {
         };
     }
 
+    /// Reserves the index for at most `blocks` blocks whose last keys
+    /// take `key_bytes` (a compaction: what its inputs' indexes hold), so
+    /// the index never holds doubled capacity beyond that.
+    pub fn expect_index_at_most(&mut self, blocks: usize, key_bytes: usize) {
+        self.index.reserve(blocks, key_bytes);
+    }
+
     /// Keeps a copy of every data block sealed from now on, for the owner
     /// to put into the block cache (`take_sealed`): what was just written
     /// is what reads want next, and the file bypasses the page cache.

@@ -115,6 +115,14 @@ impl<I: Io> Store<I> {
             Ok(mut w) => {
                 w.keep_blocks();
                 w.expect_at_most(inputs.iter().map(|s| s.footer.records as usize).sum());
+                // (A restored layer's clip shares its file's index, which
+                // the reserve does not count: its part of the output grows
+                // the index as it goes.)
+                let whole = || inputs.iter().filter(|s| s.clip.is_none());
+                w.expect_index_at_most(
+                    whole().map(|s| s.index.len()).sum(),
+                    whole().map(|s| s.index.key_bytes()).sum(),
+                );
                 w
             }
             // (A requested major compaction stands: it did not start.)
