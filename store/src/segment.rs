@@ -349,9 +349,12 @@ pub const WRITE_CHUNK: usize = 1 << 20;
 /// produces faster than the disk takes waits, so its buffers stay bounded
 /// (8 MiB) instead of piling up in memory the budget does not see.
 pub const MAX_WRITES_IN_FLIGHT: usize = 8;
+/// Capacity of a writer's usual buffer: a write chunk and room for the
+/// block that crosses its end.
+const BUF_CAP: usize = WRITE_CHUNK + 64 * 1024;
 /// What one writer's buffers hold at most: those in flight, the one
-/// filling and the tail.
-pub const WRITER_BYTES: usize = (MAX_WRITES_IN_FLIGHT + 2) * (WRITE_CHUNK + 64 * 1024);
+/// filling and a spare kept for the next fill.
+pub const WRITER_BYTES: usize = (MAX_WRITES_IN_FLIGHT + 2) * BUF_CAP;
 
 /// How a writer builds its segment's filter.
 enum FilterBuild {
@@ -482,7 +485,7 @@ impl SegmentWriter {
             path,
             file,
             offset: 0,
-            buf: AlignedBuf::with_capacity(WRITE_CHUNK + 64 * 1024),
+            buf: AlignedBuf::with_capacity(BUF_CAP),
             block: BlockBuilder::default(),
             index: BlockIndex::default(),
             filter: FilterBuild::Hashes {
@@ -593,7 +596,7 @@ impl SegmentWriter {
             }
             return;
         }
-        let cap = (WRITE_CHUNK + 64 * 1024).max(next);
+        let cap = BUF_CAP.max(next);
         let fresh = match self.spare.pop() {
             _ if self.finished_data => AlignedBuf::with_capacity(0),
             Some(mut b) if b.capacity() >= cap => {
@@ -804,7 +807,7 @@ impl SegmentWriter {
         }
         // (Not a large record's buffer: spares are for the usual chunk.)
         if let Some(b) = buf
-            && b.capacity() >= WRITE_CHUNK + 64 * 1024
+            && b.capacity() >= BUF_CAP
             && b.capacity() <= 2 * WRITE_CHUNK
             && self.spare.len() < 2
             && !self.finished_data
@@ -899,8 +902,9 @@ impl SegmentWriter {
         }
     }
 
-    /// [`SegmentWriter::fill_filter`] in runs of 256 keys (a random write
-    /// each) until the filter is full (true) or `deadline` passes.
+    /// [`SegmentWriter::fill_filter`] in runs of 256 pieces (a kept key's
+    /// random write, or a block of the fold) until the filter is done
+    /// (true) or `deadline` passes.
     fn fill_filter_until(&mut self, deadline: std::time::Instant) -> bool {
         loop {
             if self.fill_filter(256) {

@@ -188,8 +188,10 @@ impl<I: Io> Store<I> {
 
     pub(super) fn abandon_flush(&mut self, e: StoreError) {
         if let Some(j) = self.flush.take() {
-            // Stop writing that file; the frozen memtable stays in memory
-            // (nothing is lost) and a later attempt writes a new file.
+            // Stop writing that file and unlink it; the frozen memtable
+            // stays in memory (nothing is lost) and a later attempt writes
+            // the file again, under the same name once the unlink is done
+            // (`flush_can_start`).
             self.cache.forget_segment(j.id);
             self.io.close(j.writer.file);
             self.unlink(&j.writer.path);

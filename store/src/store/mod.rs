@@ -482,7 +482,9 @@ struct CompactJob {
     /// As `FlushJob::serial` (12 bits in read tokens).
     serial: u64,
     /// Memory its read-ahead and its output's index and filter may take
-    /// (the inputs' together), reserved from the block cache.
+    /// (the inputs' together: the index is reserved for that much, the
+    /// filter sized for their records and folded), counted in the budget
+    /// (`Store::compaction_fits` admitted it).
     reserve: usize,
     /// The output's id, as `FlushJob::id`.
     id: u64,
