@@ -54,7 +54,7 @@ fn as_uid(uid: u32, socket: &Path, script: &str) -> String {
         .to_string()
 }
 
-/// What a child does: `open|put|get|restore|abort JOB [ARG]`, `hold JOB N`
+/// What a child does: `open|put|get|restore|abort|release JOB [ARG]`, `hold JOB N`
 /// (N sessions of JOB open at once), or `flood JOB N DIR` (N connections
 /// that send nothing, then an open of JOB; then it creates `DIR/ready`
 /// and holds them until `DIR/done` exists). Prints one `RESULT` line:
@@ -107,6 +107,11 @@ fn child() {
                 Some(e) => Err(e),
                 None => Ok(format!("ok {opened}")),
             };
+        }
+        if w[0] == "release" {
+            // No session: as Flink's JobManager releases a discarded one.
+            let n = stator_client::release_checkpoints(&socket, w[1], "op", &[&unhex(w[2])])?;
+            return Ok(format!("ok {n}"));
         }
         let mut s = Session::open(&socket, &opts(w[1], 0, 1))?;
         let st = ValueState(s.register("v", Kind::Value)?);
@@ -204,6 +209,7 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
         "put job-a overwritten".to_string(),
         format!("restore job-a {ha}"),
         "abort job-a 1".to_string(),
+        format!("release job-a {ha}"),
     ] {
         let r = as_uid(1001, &sock, &script);
         assert!(
@@ -283,9 +289,23 @@ fn jobs_belong_to_their_first_uid_and_no_other_uid_reaches_them() {
     s.close().unwrap();
     let r = as_uid(1000, &sock, "get job-r");
     assert!(r.contains("no owning uid"), "uid 1000 took job-r: {r}");
+    // Releases claim nothing: a tenant releasing in a job no one owns
+    // gets 0 and the job stays free; the owner releases its own.
+    assert_eq!(
+        as_uid(1001, &sock, &format!("release job-free {ha}")),
+        "ok 0"
+    );
+    assert_eq!(as_uid(1000, &sock, &format!("release job-a {ha}")), "ok 1");
+    let r = as_uid(1000, &sock, &format!("restore job-a {ha}"));
+    assert!(
+        r.starts_with("refused"),
+        "a released checkpoint restored: {r}"
+    );
     let jobs = std::fs::read_to_string(tmp.path().join("data/jobs.json")).unwrap();
     assert!(
-        jobs.contains("\"job-a\": 1000") && jobs.contains("\"job-b\": 1001"),
+        jobs.contains("\"job-a\": 1000")
+            && jobs.contains("\"job-b\": 1001")
+            && !jobs.contains("job-free"),
         "{jobs}"
     );
 }

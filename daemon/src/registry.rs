@@ -269,11 +269,35 @@ impl Registry {
     /// uid asked for the job, and undoing it could race another of its
     /// subtasks opening at the same moment.
     pub fn claim(&mut self, job: &str, uid: u32) -> Result<(), Refusal> {
-        if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+        if self.owned_by(job, uid)? {
             return Ok(());
         }
+        if self.jobs.len() >= MAX_REGISTERED {
+            return Err((
+                status::LIMIT,
+                format!("{MAX_REGISTERED} jobs are claimed on this daemon"),
+            ));
+        }
+        self.jobs.insert(job.to_string(), uid);
+        if let Err(e) = save_json(&self.jobs_path, &self.jobs) {
+            self.jobs.remove(job);
+            return Err((status::INTERNAL, format!("cannot save the job owners: {e}")));
+        }
+        tracing::info!(job, uid, "job claimed by its first uid");
+        Ok(())
+    }
+
+    /// Whether `uid` may use `job` as its own: true for its owner, root
+    /// and statord's own uid; false for a job no uid owns and that has no
+    /// state (free to claim); refused for another uid's job, and for one
+    /// with state but no owner (the first comer must not take another's
+    /// state; the operator names its uid in `jobs.json`).
+    fn owned_by(&self, job: &str, uid: u32) -> Result<bool, Refusal> {
+        if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+            return Ok(true);
+        }
         match self.jobs.get(job) {
-            Some(&owner) if owner == uid => Ok(()),
+            Some(&owner) if owner == uid => Ok(true),
             Some(&owner) => Err((
                 status::DENIED,
                 format!(
@@ -286,43 +310,15 @@ impl Registry {
                     "job `{job}` has state but no owning uid; the operator assigns it in jobs.json in the data directory (\"{job}\": {uid})"
                 ),
             )),
-            None if self.jobs.len() >= MAX_REGISTERED => Err((
-                status::LIMIT,
-                format!("{MAX_REGISTERED} jobs are claimed on this daemon"),
-            )),
-            None => {
-                self.jobs.insert(job.to_string(), uid);
-                if let Err(e) = save_json(&self.jobs_path, &self.jobs) {
-                    self.jobs.remove(job);
-                    return Err((status::INTERNAL, format!("cannot save the job owners: {e}")));
-                }
-                tracing::info!(job, uid, "job claimed by its first uid");
-                Ok(())
-            }
+            None => Ok(false),
         }
     }
 
     /// Whether `uid` may release checkpoints of `job` (a `Release`, with
-    /// no session): the job's owner, root and statord's own uid may; a job
-    /// no uid owns yet may be released by anyone (it has nothing: a
-    /// release never claims), except one with state and no owner (as for
-    /// `claim`).
+    /// no session, which never claims): as [`Registry::owned_by`], and a
+    /// job no uid owns has nothing to release.
     pub fn may_release(&self, job: &str, uid: u32) -> Result<(), Refusal> {
-        if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
-            return Ok(());
-        }
-        match self.jobs.get(job) {
-            Some(&owner) if owner == uid => Ok(()),
-            Some(&owner) => Err((
-                status::DENIED,
-                format!("job `{job}` belongs to uid {owner}, not {uid}"),
-            )),
-            None if self.entries.iter().any(|e| e.job == job) => Err((
-                status::DENIED,
-                format!("job `{job}` has state but no owning uid"),
-            )),
-            None => Ok(()),
-        }
+        self.owned_by(job, uid).map(|_| ())
     }
 
     /// The store-wide id of a state, registering it (durably) if new.
