@@ -547,10 +547,11 @@ fn completed_checkpoints_stay_until_subsumed_and_the_cap_bounds_the_rest() {
 }
 
 /// Flink's discard of a checkpoint handle (a cancelled job's checkpoints,
-/// subsumed or aborted ones) reaches statord as a release by handle from
-/// any session of the operator: only the checkpoint it names goes, for its
-/// operator only, completed or not, and stays gone after a restart; a
-/// release repeats harmlessly; a handle that does not decode is refused.
+/// subsumed or aborted ones) reaches statord as a `Release` with no
+/// session, as the JobManager sends it: only the checkpoints it names go,
+/// for the operator named only, completed or not, and stay gone after a
+/// restart; a release repeats harmlessly; one with a handle that does not
+/// decode is refused whole.
 #[test]
 fn a_released_checkpoint_goes_for_its_operator_only() {
     let tmp = tempfile::tempdir().unwrap();
@@ -563,58 +564,32 @@ fn a_released_checkpoint_goes_for_its_operator_only() {
         handles.push(checkpoint(&mut s, 1));
         notify(&mut s, 1, Notify::Complete);
     }
-    let release = |s: &mut Session, h: &[u8]| {
-        let c = run(s, &Request::checkpoint_release(h)).unwrap();
-        (c.status, c.aux)
+    let release = |job: &str, op: &str, hs: &[&[u8]]| {
+        stator_client::release_checkpoints(&d.socket, job, op, hs)
     };
-    // Another job's session (same operator name) holds none of them.
-    let (mut other, _) = open(&d, "rel-other", 0, 1);
-    assert_eq!(release(&mut other, &handles[1]), (Ok(Status::Ok), 0));
-    // A session of the job that is neither subtask (the JobManager's).
-    let (mut jm, _) = open(&d, "rel", 0, 1);
-    assert_eq!(release(&mut jm, &handles[1]), (Ok(Status::Ok), 1));
-    assert_eq!(release(&mut jm, &handles[1]), (Ok(Status::Ok), 0), "again");
-    let mut altered = handles[0].clone();
+    let h1: &[u8] = &handles[1];
+    let mut altered = handles[1].clone();
     altered[9] ^= 0x40;
-    for (what, h) in [("altered", &altered[..]), ("short", &handles[0][..20])] {
-        assert_eq!(
-            release(&mut jm, h).0,
-            Ok(Status::BadArgument),
-            "an {what} handle"
-        );
-    }
-    drop((other, jm));
-    // A third subtask's checkpoint, released with no session (as Flink's
-    // JobManager does): only a whole release of good handles goes, and
-    // only for the operator named.
-    let m3: BTreeMap<u64, u64> = (0..500).map(|k| (k, k + 3)).collect();
-    let h3 = {
-        let (mut s, st) = open(&d, "rel3", 0, 1);
-        put_all(&mut s, st, &m3);
-        let h = checkpoint(&mut s, 7);
-        notify(&mut s, 7, Notify::Complete);
-        h
-    };
-    let garbage = vec![0xAB; 24];
-    match stator_client::release_checkpoints(&d.socket, "rel3", "op", &[&h3, &garbage]) {
-        Err(Error::Refused { status, message }) => {
-            assert_eq!(status, BAD_REQUEST, "{message}")
+    for (what, bad) in [("altered", &altered[..]), ("short", &handles[1][..20])] {
+        match release("rel", "op", &[h1, bad]) {
+            Err(Error::Refused { status, message }) => {
+                assert_eq!(status, BAD_REQUEST, "{what}: {message}")
+            }
+            other => panic!("a release with an {what} handle: {other:?}"),
         }
-        other => panic!("a release with a garbage handle: {other:?}"),
     }
-    let release = |job: &str, op: &str| {
-        stator_client::release_checkpoints(&d.socket, job, op, &[&h3]).unwrap()
-    };
-    assert_eq!(release("rel3", "other-op"), 0);
-    assert_eq!(release("no-such-job", "op"), 0);
-    assert_eq!(release("rel3", "op"), 1);
-    assert_eq!(release("rel3", "op"), 0, "again");
+    assert_eq!(release("rel-other", "op", &[h1]).unwrap(), 0, "another job");
+    assert_eq!(
+        release("rel", "other-op", &[h1]).unwrap(),
+        0,
+        "another operator"
+    );
+    assert_eq!(release("rel", "op", &[h1]).unwrap(), 1);
+    assert_eq!(release("rel", "op", &[h1]).unwrap(), 0, "again");
     drop(d);
     let d = Daemon::start_with_config(tmp.path(), 64, "");
-    let (mut s3, _) = open(&d, "rel3", 0, 1);
-    assert!(matches!(s3.restore(&[&h3]), Err(Error::Refused { .. })));
     let (mut s1, _) = open(&d, "rel", 1, 2);
-    match s1.restore(&[&handles[1]]) {
+    match s1.restore(&[h1]) {
         Err(Error::Refused { status, message }) => {
             assert_eq!(status, RESTORE_REFUSED, "{message}")
         }

@@ -72,9 +72,7 @@ pub mod sqe_flags {
     pub const ITER_RESUME: u8 = 1 << 1;
     /// Snapshot export: export what the checkpoints whose handles `value`
     /// holds (back to back) hold of the session's key groups, instead of
-    /// its live state. The live state is not touched. Checkpoint notify
-    /// (with [`notify_kind::RELEASE`] only): `value` holds the handle of
-    /// the checkpoint released.
+    /// its live state. The live state is not touched.
     pub const FROM_CHECKPOINTS: u8 = 1 << 2;
     /// List append: `value` is an encoded element list (`u32 len | bytes`
     /// each, as `ListReplace` takes), appended whole and in order: one
@@ -96,10 +94,6 @@ pub mod notify_kind {
     pub const COMPLETE: u32 = 1;
     pub const ABORT: u32 = 2;
     pub const SUBSUME: u32 = 3;
-    /// The checkpoint whose handle `value` holds (flag
-    /// [`super::sqe_flags::FROM_CHECKPOINTS`]) is no longer referenced by
-    /// the engine, completed or not: the engine discarded it.
-    pub const RELEASE: u32 = 4;
 }
 
 /// `arg2` of `ChunkRelease` (or `SnapshotImport`) that cancels the export
@@ -138,12 +132,11 @@ macro_rules! opcodes {
 
 impl Opcode {
     /// Whether `value` is an input of this opcode with `flags`: a
-    /// value-in opcode, or a checkpoint export's or release's handles
+    /// value-in opcode, or a checkpoint export's handles
     /// (`FROM_CHECKPOINTS`).
     pub fn value_in(self, flags: u8) -> bool {
         self.fields().value_in
-            || (matches!(self, Opcode::SnapshotExport | Opcode::CheckpointNotify)
-                && flags & sqe_flags::FROM_CHECKPOINTS != 0)
+            || (self == Opcode::SnapshotExport && flags & sqe_flags::FROM_CHECKPOINTS != 0)
     }
 }
 
@@ -282,7 +275,7 @@ impl Sqe {
         if op == Opcode::MapIter {
             allowed |= sqe_flags::ITER_RESUME;
         }
-        if matches!(op, Opcode::SnapshotExport | Opcode::CheckpointNotify) {
+        if op == Opcode::SnapshotExport {
             allowed |= sqe_flags::FROM_CHECKPOINTS;
         }
         if op == Opcode::ListAppend {

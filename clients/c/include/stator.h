@@ -1066,23 +1066,6 @@ int32_t stator_checkpoint_notify(struct stator_session *session,
                                  uint64_t user_data);
 
 /**
- * Tells the daemon that the engine no longer references the checkpoint
- * whose handle is `handle[0..len]` (24 bytes), completed or not: the
- * engine discarded it. The daemon deletes it if it holds it for this
- * session's operator (the completion's `aux` is 1) and does nothing
- * otherwise (`aux` 0); a handle that does not decode completes with
- * `STATOR_E_BAD_ARGUMENT`.
- *
- * # Safety
- * `session` as for `stator_close`; `handle` readable for `len` bytes.
- * One thread at a time.
- */
-int32_t stator_checkpoint_release(struct stator_session *session,
-                                  const uint8_t *handle,
-                                  size_t len,
-                                  uint64_t user_data);
-
-/**
  * Makes every request submitted so far visible to the daemon (one
  * store) and wakes it if it sleeps.
  *

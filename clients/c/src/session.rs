@@ -1274,34 +1274,6 @@ pub unsafe extern "C" fn stator_checkpoint_notify(
     })
 }
 
-/// Tells the daemon that the engine no longer references the checkpoint
-/// whose handle is `handle[0..len]` (24 bytes), completed or not: the
-/// engine discarded it. The daemon deletes it if it holds it for this
-/// session's operator (the completion's `aux` is 1) and does nothing
-/// otherwise (`aux` 0); a handle that does not decode completes with
-/// `STATOR_E_BAD_ARGUMENT`.
-///
-/// # Safety
-/// `session` as for `stator_close`; `handle` readable for `len` bytes.
-/// One thread at a time.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn stator_checkpoint_release(
-    session: *mut stator_session,
-    handle: *const u8,
-    len: usize,
-    user_data: u64,
-) -> i32 {
-    with_session(session, |s| {
-        // SAFETY: `handle` is readable for `len` bytes by the caller's
-        // contract.
-        let h = unsafe { bytes(handle, len, "handle")? };
-        submitted(
-            s.submit(&Request::checkpoint_release(h), user_data)
-                .map_err(Fail::from),
-        )
-    })
-}
-
 /// Makes every request submitted so far visible to the daemon (one
 /// store) and wakes it if it sleeps.
 ///

@@ -172,21 +172,6 @@ impl<'a> Request<'a> {
         }
     }
 
-    /// Tells the daemon that the engine no longer references the
-    /// checkpoint whose handle (24 bytes) is `handle`, completed or not
-    /// (Flink discarded it: a cancelled job's, a subsumed or aborted one).
-    /// The daemon deletes it if it holds it for this session's operator
-    /// (the completion's `aux` is 1) and does nothing otherwise (0): a
-    /// release may repeat, and may reach a daemon that never held it.
-    pub fn checkpoint_release(handle: &'a [u8]) -> Request<'a> {
-        Request {
-            arg2: stator_ring::sqe::notify_kind::RELEASE,
-            value: handle,
-            flags: sqe_flags::FROM_CHECKPOINTS,
-            ..Request::new(Opcode::CheckpointNotify, 0, 0, b"")
-        }
-    }
-
     /// Starts a portable export of this session's state (its operator's
     /// states in its key groups) as snapshot `snapshot_id`: a barrier like
     /// a checkpoint, completing once the snapshot is fixed. Then hand chunk

@@ -23,9 +23,6 @@ pub(super) fn checkpoint_op(
         Ok(v) => v,
         Err(e) => return Some(Cqe::status(sqe.user_data, Status::from(e))),
     };
-    if v.op == Opcode::CheckpointNotify && v.flags & sqe_flags::FROM_CHECKPOINTS != 0 {
-        return Some(release(store, ring, &v, owner));
-    }
     if v.op == Opcode::CheckpointNotify {
         use stator_ring::sqe::notify_kind;
         let kind = match v.arg2 {
@@ -78,32 +75,5 @@ pub(super) fn checkpoint_op(
             let p = pending.remove(tok);
             Some(completion(ring, &p, Err(e)))
         }
-    }
-}
-
-/// A `RELEASE` notification: the engine discarded the checkpoint whose
-/// handle `value` holds. Answered at once, `aux = 1` if this store held it
-/// for the session's operator and deleted it, 0 if it held nothing of it
-/// (already released, or another daemon's).
-fn release(
-    store: &mut Store<UringIo>,
-    ring: &mut Ring<'_>,
-    v: &stator_ring::sqe::ValidSqe,
-    owner: &[u8],
-) -> Cqe {
-    const HANDLE: usize = stator_store::manifest::HANDLE_LEN;
-    if v.arg2 != stator_ring::sqe::notify_kind::RELEASE || v.value.len != HANDLE {
-        return Cqe::status(v.user_data, Status::BadArgument);
-    }
-    let mut h = [0u8; HANDLE];
-    if ring.view().read_into(v.value.off, &mut h).is_err() {
-        return Cqe::status(v.user_data, Status::BadRange);
-    }
-    match store.release_checkpoints(owner, &[&h]) {
-        Ok(released) => Cqe {
-            aux: released as u64,
-            ..Cqe::status(v.user_data, Status::Ok)
-        },
-        Err(e) => Cqe::status(v.user_data, status_of(&e)),
     }
 }
