@@ -322,6 +322,11 @@
  * `stator_open`. A call that races a free, or comes after it, reads the
  * mark and fails instead of reading freed memory (after the handle is
  * reused it reaches the new session, as a closed fd number would).
+ * The session itself is boxed, so the handle is a few words and a call
+ * given a pointer to something else reads only those to refuse it (with
+ * the session inline, Rust's layout put the mark hundreds of bytes in,
+ * past the end of a small object: the C test's 128-byte decoy crashed
+ * when it ended a mapping).
  */
 typedef struct stator_session stator_session;
 

@@ -192,11 +192,16 @@ const FREED: u64 = u64::from_le_bytes(*b"freedS1!");
 /// `stator_open`. A call that races a free, or comes after it, reads the
 /// mark and fails instead of reading freed memory (after the handle is
 /// reused it reaches the new session, as a closed fd number would).
+/// The session itself is boxed, so the handle is a few words and a call
+/// given a pointer to something else reads only those to refuse it (with
+/// the session inline, Rust's layout put the mark hundreds of bytes in,
+/// past the end of a small object: the C test's 128-byte decoy crashed
+/// when it ended a mapping).
 pub struct stator_session {
     magic: AtomicU64,
     busy: AtomicBool,
     /// `None` while the handle is spare (freed).
-    inner: UnsafeCell<Option<Inner>>,
+    inner: UnsafeCell<Option<Box<Inner>>>,
 }
 
 // SAFETY: `inner` is touched only by the thread that holds `busy` (see
@@ -229,7 +234,7 @@ fn new_handle(inner: Inner) -> *mut stator_session {
             }))
         });
     // SAFETY: this thread holds `busy` (taken above, or a new handle).
-    unsafe { *h.inner.get() = Some(inner) };
+    unsafe { *h.inner.get() = Some(Box::new(inner)) };
     h.magic.store(MAGIC, Ordering::Release);
     h.busy.store(false, Ordering::Release);
     std::ptr::from_ref(h).cast_mut()
@@ -329,7 +334,7 @@ pub(crate) fn with(s: *mut stator_session, f: impl FnOnce(&mut Inner) -> Res<i32
         )
         .report();
     }
-    let inner: *mut Inner = inner;
+    let inner: *mut Inner = &mut **inner;
     // One catch_unwind per call (the hot path's only one): a panic poisons
     // this session and becomes a status.
     // SAFETY: as above; the closure's reference ends with it.
