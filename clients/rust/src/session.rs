@@ -419,6 +419,14 @@ fn read_response(sock: &mut UnixStream, buf: &mut Vec<u8>) -> Result<Response, E
     Response::decode(buf).map_err(io_err)
 }
 
+/// A connection to the daemon's control socket.
+fn connect(socket: &Path) -> Result<UnixStream, Error> {
+    UnixStream::connect(socket).map_err(|e| Error::Connect {
+        path: socket.display().to_string(),
+        err: e,
+    })
+}
+
 /// A request the daemon would refuse to decode, refused before it is sent.
 fn refused_here(e: control::DecodeError) -> Error {
     Error::InvalidArgument(e.to_string())
@@ -455,10 +463,7 @@ pub fn release_checkpoints(
     }
     .encode(&mut frame)
     .map_err(refused_here)?;
-    let mut sock = UnixStream::connect(socket).map_err(|e| Error::Connect {
-        path: socket.display().to_string(),
-        err: e,
-    })?;
+    let mut sock = connect(socket)?;
     sock.write_all(&frame).map_err(Error::gone)?;
     let mut buf = Vec::new();
     match read_response(&mut sock, &mut buf)? {
@@ -471,10 +476,7 @@ impl Session {
     /// Connects to the daemon's control socket and opens a session.
     pub fn open(socket: impl AsRef<Path>, o: &OpenOptions) -> Result<Session, Error> {
         let socket = socket.as_ref();
-        let mut sock = UnixStream::connect(socket).map_err(|e| Error::Connect {
-            path: socket.display().to_string(),
-            err: e,
-        })?;
+        let mut sock = connect(socket)?;
         let mut frame = Vec::new();
         CtlRequest::Open {
             version: CONTROL_VERSION,

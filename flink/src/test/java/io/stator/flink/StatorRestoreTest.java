@@ -355,6 +355,20 @@ class StatorRestoreTest {
                 new KeyGroupsStateHandle(h.getGroupRangeOffsets(), new ByteStreamStateHandle("altered", bytes));
         assertThatThrownBy(() -> backend(stator("job-bad"), ALL, List.of(altered)))
                 .hasMessageContaining("statord refused");
+        // The same altered stream kept as Stator keeps it (a stator: path), and a stator: path
+        // that is not base64: refused as clearly.
+        KeyGroupsStateHandle alteredPath =
+                new KeyGroupsStateHandle(
+                        h.getGroupRangeOffsets(),
+                        new FileStateHandle(StatorFileSystem.path(statord.socket(), bytes), bytes.length));
+        assertThatThrownBy(() -> backend(stator("job-bad"), ALL, List.of(alteredPath)))
+                .hasMessageContaining("statord refused");
+        KeyGroupsStateHandle badPath =
+                new KeyGroupsStateHandle(
+                        h.getGroupRangeOffsets(),
+                        new FileStateHandle(new org.apache.flink.core.fs.Path("stator:/c29jaw/!!"), 3));
+        assertThatThrownBy(() -> backend(stator("job-bad"), ALL, List.of(badPath)))
+                .hasStackTraceContaining("not a Stator checkpoint path");
         // The live state is untouched by the refusal.
         assertThat(read(a)).isEqualTo(expected(ALL));
         dispose(a);

@@ -8,10 +8,12 @@ import org.apache.flink.core.fs.FSDataOutputStream;
 import org.apache.flink.core.fs.FileStatus;
 import org.apache.flink.core.fs.FileSystem;
 import org.apache.flink.core.fs.Path;
+import org.apache.flink.runtime.state.memory.ByteStreamStateHandle;
 
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
+import java.io.ByteArrayInputStream;
 import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.net.URI;
@@ -183,7 +185,8 @@ public final class StatorFileSystem extends FileSystem {
 
     @Override
     public FSDataInputStream open(Path f) throws IOException {
-        return new BytesInputStream(bytesOf(f));
+        // Flink's own stream over bytes in memory (seekable, as an FSDataInputStream is).
+        return new ByteStreamStateHandle(shortly(f), bytesOf(f)).openInputStream();
     }
 
     @Override
@@ -200,7 +203,7 @@ public final class StatorFileSystem extends FileSystem {
     @Override
     public boolean delete(Path f, boolean recursive) throws IOException {
         String socket = socketOf(f);
-        StatorCheckpointHandle c = StatorCheckpointHandle.read(new BytesInputStream(bytesOf(f)), shortly(f), null);
+        StatorCheckpointHandle c = StatorCheckpointHandle.read(new ByteArrayInputStream(bytesOf(f)), shortly(f), null);
         if (c == null) {
             throw new IOException("not a Stator checkpoint stream: " + shortly(f));
         }
@@ -247,52 +250,5 @@ public final class StatorFileSystem extends FileSystem {
     public boolean isDistributedFS() {
         // The same path reads the same bytes on every host.
         return true;
-    }
-
-    /** A stream over bytes already in memory. */
-    private static final class BytesInputStream extends FSDataInputStream {
-        private final byte[] bytes;
-        private int pos;
-
-        BytesInputStream(byte[] bytes) {
-            this.bytes = bytes;
-        }
-
-        @Override
-        public void seek(long desired) throws IOException {
-            if (desired < 0 || desired > bytes.length) {
-                throw new IOException("seek to " + desired + " of " + bytes.length + " bytes");
-            }
-            pos = (int) desired;
-        }
-
-        @Override
-        public long getPos() {
-            return pos;
-        }
-
-        @Override
-        public int read() {
-            return pos < bytes.length ? bytes[pos++] & 0xFF : -1;
-        }
-
-        @Override
-        public int read(byte[] b, int off, int len) {
-            if (len == 0) {
-                return 0;
-            }
-            if (pos >= bytes.length) {
-                return -1;
-            }
-            int n = Math.min(len, bytes.length - pos);
-            System.arraycopy(bytes, pos, b, off, n);
-            pos += n;
-            return n;
-        }
-
-        @Override
-        public int available() {
-            return bytes.length - pos;
-        }
     }
 }
