@@ -104,6 +104,22 @@ impl Reuse {
         }
     }
 
+    /// Gives back the log chunks held beyond `keep` bytes, unmapped on a
+    /// helper thread (or here when none starts): the pool was kept for
+    /// larger memtables than the budget affords now, and work admitted on
+    /// its account (a compaction) needs the room before the next flush.
+    pub fn trim(&self, keep: usize) {
+        let extra = {
+            let mut kept = lock(&self.chunks);
+            let max_chunks = keep / CHUNK;
+            if kept.len() <= max_chunks {
+                return;
+            }
+            kept.split_off(max_chunks)
+        };
+        let _ = crate::helper::spawn("stator-release", move || drop(extra));
+    }
+
     /// Bytes of log chunks held (what the active memtable grows into).
     pub fn chunk_bytes(&self) -> usize {
         lock(&self.chunks).len() * CHUNK

@@ -170,9 +170,10 @@ impl<I: Io> Store<I> {
     /// wait for the backlog.
     pub(super) fn compaction_fits(&self, reserve: usize) -> bool {
         let m = self.memory();
-        // The reuse pool's chunks beyond the plan go back at the next
-        // flush; a store without writes makes none, so they do not hold a
-        // compaction back (it waited forever on an idle store).
+        // The reuse pool's chunks beyond the plan are given back when a
+        // compaction starts on their account (`trim_reuse_to_plan`): a
+        // store without writes makes no flush that would give them back,
+        // and a compaction waited forever on an idle store.
         let held = m.memtables.saturating_sub(self.reuse.chunk_bytes());
         let need = self.memtable_plan().max(held)
             + m.indexes_and_filters
@@ -185,6 +186,15 @@ impl<I: Io> Store<I> {
         need <= self.cfg.memory_budget
             || self.memtable_limit <= self.cfg.memtable_bytes() / LIMIT_FLOOR_DIVISOR
             || self.checkpoint_should_wait()
+    }
+
+    /// Gives back the reuse pool's chunks that the memtables' plan has no
+    /// room for (see `compaction_fits`, which admits a compaction on their
+    /// account).
+    pub(super) fn trim_reuse_to_plan(&mut self) {
+        let m = self.memory();
+        let held = m.memtables.saturating_sub(self.reuse.chunk_bytes());
+        self.reuse.trim(self.memtable_plan().saturating_sub(held));
     }
 
     /// Records the reserve of the compaction waiting to start (0: none)

@@ -102,6 +102,7 @@ impl<I: Io> Store<I> {
             return self.want_compaction(reserve);
         }
         self.want_compaction(0);
+        self.trim_reuse_to_plan();
         self.job_serial = (self.job_serial + 1) & SERIAL_MASK;
         let serial = self.job_serial;
         let writer = match SegmentWriter::create(
