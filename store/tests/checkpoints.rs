@@ -643,17 +643,17 @@ fn released_checkpoints_go_for_their_owner_only() {
     s.checkpoint_notify(OWNERS[0], 1, Notify::Complete);
     assert_eq!(s.stats().checkpoints_retained, 2);
     assert_eq!(
-        s.release_checkpoints(OWNERS[1], &[&h1]).unwrap(),
+        s.release_checkpoints(OWNERS[1], &[&h1]).unwrap().count,
         0,
         "another owner's"
     );
     assert_eq!(
-        s.release_checkpoints(OWNERS[0], &[&h1]).unwrap(),
+        s.release_checkpoints(OWNERS[0], &[&h1]).unwrap().count,
         1,
         "a completed one goes"
     );
     assert_eq!(
-        s.release_checkpoints(OWNERS[0], &[&h1]).unwrap(),
+        s.release_checkpoints(OWNERS[0], &[&h1]).unwrap().count,
         0,
         "only once"
     );
@@ -674,7 +674,7 @@ fn released_checkpoints_go_for_their_owner_only() {
     ));
     s.restore(WHOLE, &[&h2]).unwrap();
     assert_eq!(
-        s.release_checkpoints(OWNERS[0], &[&h2, &h1]).unwrap(),
+        s.release_checkpoints(OWNERS[0], &[&h2, &h1]).unwrap().count,
         1,
         "an uncompleted one goes"
     );

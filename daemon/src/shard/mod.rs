@@ -351,6 +351,17 @@ pub struct Shard {
     /// A session opened or closed, or a checkpoint completed: the report
     /// is rebuilt at the next pass, not at the next period.
     report_now: bool,
+    /// Releases answered once their manifests' unlinks complete.
+    releases: Vec<PendingRelease>,
+}
+
+/// A `Release` whose checkpoints are deleted but whose manifests' unlinks
+/// are in flight: answered "released" only when they are gone, so that a
+/// daemon killed right after the answer does not restore them.
+struct PendingRelease {
+    reply: Sender<Result<u32, StoreError>>,
+    count: u32,
+    unlinking: Vec<std::path::PathBuf>,
 }
 
 /// Why a session's next descriptor waits for its store.
@@ -419,6 +430,7 @@ impl Shard {
             stats: ShardStats::default(),
             live: Arc::default(),
             report_now: false,
+            releases: Vec::new(),
         }
     }
 
@@ -487,6 +499,7 @@ impl Shard {
         self.store.note_foreground(busy);
         progress |= self.reap();
         progress |= self.drive_snapshots();
+        self.answer_releases(false);
         self.publish();
         progress
     }
@@ -566,9 +579,7 @@ impl Shard {
                     owner,
                     handles,
                     reply,
-                } => {
-                    let _ = reply.send(self.release(&owner, &handles));
-                }
+                } => self.release(&owner, &handles, reply),
                 ShardMsg::Close { session, reply } => {
                     self.close(session);
                     let _ = reply.send(());
@@ -641,14 +652,46 @@ impl Shard {
     /// Drops a session: its memory is unmapped here (the client may keep
     /// its own mapping); requests still at the store are answered to no one.
     /// A `Release` from the control socket (no session): see
-    /// [`ShardMsg::Release`].
-    fn release(&mut self, owner: &[u8], handles: &[Vec<u8>]) -> Result<u32, StoreError> {
+    /// [`ShardMsg::Release`]. Answered when the manifests are unlinked.
+    fn release(
+        &mut self,
+        owner: &[u8],
+        handles: &[Vec<u8>],
+        reply: Sender<Result<u32, StoreError>>,
+    ) {
         let hs: Vec<&[u8]> = handles.iter().map(Vec::as_slice).collect();
-        let n = self.store.release_checkpoints(owner, &hs)?;
-        if n > 0 {
-            tracing::debug!(released = n, "checkpoints released");
+        match self.store.release_checkpoints(owner, &hs) {
+            Ok(r) => {
+                if r.count > 0 {
+                    tracing::debug!(released = r.count, "checkpoints released");
+                }
+                self.releases.push(PendingRelease {
+                    reply,
+                    count: r.count as u32,
+                    unlinking: r.unlinking,
+                });
+                self.answer_releases(false);
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
         }
-        Ok(n as u32)
+    }
+
+    /// Answers the releases whose unlinks completed (`all`: every one, at
+    /// shutdown, when the unlinks were submitted and no more are reaped).
+    fn answer_releases(&mut self, all: bool) {
+        if self.releases.is_empty() {
+            return;
+        }
+        let store = &self.store;
+        self.releases.retain(|r| {
+            if !all && !store.unlinks_done(&r.unlinking) {
+                return true;
+            }
+            let _ = r.reply.send(Ok(r.count));
+            false
+        });
     }
 
     fn close(&mut self, id: u64) {
@@ -813,6 +856,7 @@ impl Shard {
         self.store.stop_compacting();
         self.store.flush();
         self.store.settle();
+        self.answer_releases(true);
         tracing::info!(
             shard = self.id,
             stats = ?self.stats,

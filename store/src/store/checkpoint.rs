@@ -80,6 +80,15 @@ pub enum Notify {
     Subsume,
 }
 
+/// What [`Store::release_checkpoints`] did.
+#[derive(Debug, Default)]
+pub struct Released {
+    /// How many retained checkpoints it deleted.
+    pub count: usize,
+    /// Their manifests' files, whose unlinks are in flight.
+    pub unlinking: Vec<PathBuf>,
+}
+
 /// A retained checkpoint, as operators see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointInfo {
@@ -802,28 +811,38 @@ impl<I: Io> Store<I> {
     /// The engine no longer references the checkpoints the handles name
     /// (Flink discarded them: their job was cancelled, or they were
     /// subsumed or aborted): deletes those this store retains for
-    /// `owner`, completed or not. How many it did; a handle of another
-    /// store or owner, or of a checkpoint already deleted, deletes nothing
-    /// (a release may repeat, and reach a daemon that never held it). A
-    /// handle that does not decode refuses the whole release, before any
-    /// is deleted.
+    /// `owner`, completed or not. A handle of another store or owner, or
+    /// of a checkpoint already deleted, deletes nothing (a release may
+    /// repeat, and reach a daemon that never held it). A handle that does
+    /// not decode refuses the whole release, before any is deleted.
+    ///
+    /// The manifests' unlinks are in flight when this returns: a caller
+    /// that answers "released" waits until [`Store::unlinks_done`] says so
+    /// for [`Released::unlinking`], or a restart right after the answer
+    /// could find the checkpoint still there.
     pub fn release_checkpoints(
         &mut self,
         owner: &[u8],
         handles: &[&[u8]],
-    ) -> Result<usize, StoreError> {
+    ) -> Result<Released, StoreError> {
         let hs = handles
             .iter()
             .map(|h| Handle::decode(h).map_err(|m| StoreError::Invalid(m.0)))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut released = 0;
+        let mut released = Released::default();
         for h in hs {
             if self.named(&h).is_some_and(|r| r.owner == owner) {
-                self.delete_manifest(h.seq);
-                released += 1;
+                released.unlinking.extend(self.delete_manifest(h.seq));
+                released.count += 1;
             }
         }
         Ok(released)
+    }
+
+    /// Whether none of `paths` is still being unlinked (see
+    /// [`Store::release_checkpoints`]).
+    pub fn unlinks_done(&self, paths: &[PathBuf]) -> bool {
+        !paths.iter().any(|p| self.unlink_pending(p))
     }
 
     /// The retained checkpoint a decoded handle names (its manifest's CRC
@@ -836,14 +855,21 @@ impl<I: Io> Store<I> {
     }
 
     /// Deletes manifest `seq` (file and marker) and unpins its segments.
-    fn delete_manifest(&mut self, seq: u64) {
+    /// The two files whose unlinks are in flight (none when `seq` is not
+    /// retained).
+    fn delete_manifest(&mut self, seq: u64) -> Vec<PathBuf> {
         let Some(r) = self.ckpt.retained.remove(&seq) else {
-            return;
+            return Vec::new();
         };
         // (Through the I/O layer: a failure is counted, the shard does
         // not wait.)
-        self.unlink(&self.cfg.dir.join(manifest::file_name(seq)));
-        self.unlink(&self.cfg.dir.join(manifest::completed_name(seq)));
+        let files = vec![
+            self.cfg.dir.join(manifest::file_name(seq)),
+            self.cfg.dir.join(manifest::completed_name(seq)),
+        ];
+        for f in &files {
+            self.unlink(f);
+        }
         if let Some(t) = self.tier.as_mut() {
             t.delete(&manifest::file_name(seq));
             t.delete(&manifest::completed_name(seq));
@@ -851,6 +877,7 @@ impl<I: Io> Store<I> {
         for f in &r.files {
             self.unpin(f);
         }
+        files
     }
 
     /// Reads and checks the manifest a handle names.

@@ -30,7 +30,7 @@ mod tier;
 mod write;
 
 pub use checkpoint::{
-    CheckpointInfo, CheckpointSpec, MAX_UNCOMPLETED, Notify, RestoreSpec, Restored,
+    CheckpointInfo, CheckpointSpec, MAX_UNCOMPLETED, Notify, Released, RestoreSpec, Restored,
     RestoredManifest,
 };
 pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
