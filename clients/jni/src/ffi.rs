@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use jni_sys::{JNIEnv, jlong, jobject};
 
 use crate::session::JniSession;
+use crate::sleeper::Sleeper;
 
 /// Memory of a Java direct buffer: copies in and out, bounds-checked, and
 /// never a Rust reference that outlives the call.
@@ -142,6 +143,36 @@ impl Handle {
         // its last call, so no call is inside it now.
         let b = unsafe { Box::from_raw(h as usize as *mut Handle) };
         Some(b.session.into_inner())
+    }
+}
+
+/// A sleeper as Java holds it (`io.stator.flink.jni.Sleeper`): shared by
+/// the thread that sleeps and the threads that wake it, freed once after
+/// both stopped.
+pub struct SleeperHandle;
+
+impl SleeperHandle {
+    pub fn into_jlong(s: Sleeper) -> jlong {
+        Box::into_raw(Box::new(s)) as jlong
+    }
+
+    /// Runs `f` on the sleeper behind `h` (shared: its calls take `&self`).
+    pub fn with<T>(h: jlong, f: impl FnOnce(&Sleeper) -> T) -> Result<T, String> {
+        if h == 0 {
+            return Err("the sleeper is closed".into());
+        }
+        // SAFETY: a non-zero sleeper handle is a live `Box<Sleeper>` from
+        // `into_jlong` that `free` has not taken back: Java frees it once,
+        // after the sleeping thread ended and under the lock its wakers
+        // take. `Sleeper` is `Sync` (fds and an eventfd, read-only here).
+        Ok(f(unsafe { &*(h as usize as *const Sleeper) }))
+    }
+
+    pub fn free(h: jlong) {
+        if h != 0 {
+            // SAFETY: as in `with`; this is the handle's one `free`.
+            drop(unsafe { Box::from_raw(h as usize as *mut Sleeper) });
+        }
     }
 }
 

@@ -28,6 +28,7 @@ mod error;
 mod export;
 mod ffi;
 mod session;
+mod sleeper;
 pub mod wire;
 
 use jni_sys::{JNIEnv, jboolean, jclass, jint, jlong, jobject};
@@ -36,7 +37,7 @@ pub use error::{
     ERR_ARGUMENT, ERR_CONNECT, ERR_FULL, ERR_GONE, ERR_PANIC, ERR_PROTOCOL, ERR_REFUSED,
     ERR_STATUS, ERR_TOO_LARGE, Fail,
 };
-use ffi::{Handle, JavaBuf};
+use ffi::{Handle, JavaBuf, SleeperHandle};
 pub use session::JniSession;
 
 /// What `exportNext` returns once the stream has ended.
@@ -423,6 +424,92 @@ pub extern "system" fn Java_io_stator_flink_jni_StatorJni_close(
         || match Handle::free(h) {
             Some(s) => s.close().map(|()| 0),
             None => Ok(0),
+        },
+    )
+}
+
+/// Arms the doorbell for a sleeper: 1 if completions are ready already
+/// (do not sleep), 0 if armed.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_arm(
+    _: *mut JNIEnv,
+    _: jclass,
+    h: jlong,
+) -> jint {
+    guard(|c| c, || on(h, |s| Ok(s.arm()? as jint)))
+}
+
+/// Ends a sleeper's sleep on the session (after `sleep` returned).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_disarm(
+    _: *mut JNIEnv,
+    _: jclass,
+    h: jlong,
+) -> jint {
+    guard(|c| c, || on(h, |s| s.disarm().map(|()| 0)))
+}
+
+/// A sleeper over the session's fds (`sleeper.rs`): its handle, or a
+/// negative code.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_sleeper(
+    _: *mut JNIEnv,
+    _: jclass,
+    h: jlong,
+) -> jlong {
+    guard(
+        |c| c.into(),
+        || {
+            on(h, |s| {
+                Ok(SleeperHandle::into_jlong(sleeper::Sleeper::new(s)?))
+            })
+        },
+    )
+}
+
+/// Sleeps up to `ms` milliseconds (at most 65,535); returns the
+/// `sleeper::WOKE_*` bits of what ended it.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_sleep(
+    _: *mut JNIEnv,
+    _: jclass,
+    sleeper: jlong,
+    ms: jint,
+) -> jint {
+    guard(
+        |c| c,
+        || {
+            let ms = u16::try_from(ms).map_err(|_| Fail::arg(format!("a sleep of {ms} ms")))?;
+            SleeperHandle::with(sleeper, |s| s.sleep(ms)).map_err(Fail::arg)?
+        },
+    )
+}
+
+/// Ends the sleeper's current or next sleep.
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_wake(
+    _: *mut JNIEnv,
+    _: jclass,
+    sleeper: jlong,
+) -> jint {
+    guard(
+        |c| c,
+        || SleeperHandle::with(sleeper, |s| s.wake().map(|()| 0)).map_err(Fail::arg)?,
+    )
+}
+
+/// Frees a sleeper (after its sleeping thread ended).
+#[unsafe(no_mangle)]
+pub extern "system" fn Java_io_stator_flink_jni_StatorJni_sleeperClose(
+    _: *mut JNIEnv,
+    _: jclass,
+    sleeper: jlong,
+) -> jint {
+    guard(
+        |c| c,
+        || {
+            SleeperHandle::free(sleeper);
+            Ok(0)
         },
     )
 }

@@ -211,6 +211,18 @@ impl JniSession {
         }
     }
 
+    /// Asks statord to ring the doorbell at the next completion, for a
+    /// sleeper (`sleeper.rs`); `true`: completions are ready already.
+    pub fn arm(&mut self) -> Result<bool, Fail> {
+        Ok(self.s.arm()?)
+    }
+
+    /// Ends a sleeper's sleep: clears the request, drains the doorbell, and
+    /// fails if statord closed the session.
+    pub fn disarm(&mut self) -> Result<(), Fail> {
+        Ok(self.s.disarm()?)
+    }
+
     /// Delivers ready completions of this crate's own requests into
     /// `done`, waiting first if none is ready.
     pub(crate) fn pump(&mut self) -> Result<(), Fail> {

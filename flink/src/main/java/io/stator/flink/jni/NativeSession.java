@@ -205,6 +205,24 @@ public final class NativeSession implements AutoCloseable {
         return check(StatorJni.call(live(), count, wait), "a statord request");
     }
 
+    /**
+     * Asks statord to ring the doorbell at the next completion, before a {@link Sleeper} sleeps;
+     * returns true if completions are ready already (then do not sleep, but {@link #disarm()}).
+     */
+    public synchronized boolean arm() throws StatorException {
+        return check(StatorJni.arm(live()), "arming the doorbell") == 1;
+    }
+
+    /** Ends a sleep begun with {@link #arm()}; fails if statord closed the session. */
+    public synchronized void disarm() throws StatorException {
+        check(StatorJni.disarm(live()), "a statord request");
+    }
+
+    /** A sleeper over this session's doorbell: closed by its owner, before the session. */
+    public synchronized Sleeper sleeper() throws StatorException {
+        return new Sleeper(check(StatorJni.sleeper(live()), "creating a sleeper"));
+    }
+
     /** A checkpoint's synchronous part (the barrier is taken when it returns). */
     public synchronized void checkpoint(long checkpointId) throws StatorException {
         check(StatorJni.checkpoint(live(), checkpointId), "checkpoint " + checkpointId);

@@ -96,4 +96,20 @@ final class StatorJni {
 
     /** Closes and frees the session. */
     static native int close(long handle);
+
+    /** Arms the doorbell for a sleeper: 1 if completions are ready already, 0 armed. */
+    static native int arm(long handle);
+
+    /** Ends a sleeper's sleep on the session. */
+    static native int disarm(long handle);
+
+    /** A sleeper over the session's doorbell and control socket, with a wake fd of its own. */
+    static native long sleeper(long handle);
+
+    /** Sleeps up to {@code ms}; returns what ended it ({@link Sleeper} bits). */
+    static native int sleep(long sleeper, int ms);
+
+    static native int wake(long sleeper);
+
+    static native int sleeperClose(long sleeper);
 }
