@@ -73,6 +73,23 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
 
     private StatorException failure;
 
+    /** Takes completions no caller awaits itself (the asynchronous executor's reads), or null. */
+    private Completions sink;
+    /** How many times a call waited in statord's doorbell (see {@link #waits()}). */
+    private long waits;
+
+    /**
+     * Completions of requests that no {@link #await} waits for. Called on whichever thread drives
+     * the channel (under its lock), while the request's bytes still lie where it wrote them.
+     */
+    public interface Completions {
+        /**
+         * Takes one completion; returns false to leave it to the channel (a write, whose failure
+         * fails the channel's next call).
+         */
+        boolean completed(long token, int status, int flags, int length, long aux);
+    }
+
     /**
      * Binds a channel to {@code session}: reserves {@code regionBytes} of its arena and allows at
      * most {@code maxInFlight} requests (a power of two, at most the session's queue sizes) in
@@ -270,11 +287,15 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
     // ------------------------------------------------------------------------
 
     /** Sends what is pending and takes what completed (waiting for one if {@code wait}). */
-    private void drive(boolean wait) throws StatorException {
+    private int drive(boolean wait) throws StatorException {
         checkFailure();
         int n;
+        boolean sleeps = wait && next > oldest;
+        if (sleeps) {
+            waits++;
+        }
         try {
-            n = session.call(pending, wait && next > oldest);
+            n = session.call(pending, sleeps);
         } catch (StatorException e) {
             // Some of the pending commands may be in statord and some not: this channel can no
             // longer tell, so it fails every later call rather than submit any of them twice.
@@ -298,6 +319,14 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
                 resultFlags = completions.getInt(at + 12);
                 resultLen = completions.getInt(at + 16);
                 resultAux = completions.getLong(at + 24);
+            } else if (sink != null
+                    && sink.completed(
+                            token,
+                            status,
+                            completions.getInt(at + 12),
+                            completions.getInt(at + 16),
+                            completions.getLong(at + 24))) {
+                // taken by the sink
             } else if (status < 0 && failure == null) {
                 failure =
                         new StatorException(
@@ -314,6 +343,7 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
             oldest++;
         }
         tail = oldest < next ? starts[(int) (oldest & mask)] : head;
+        return n;
     }
 
     /**
@@ -346,6 +376,50 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
     /** {@code MapIter}: more entries follow the page. */
     public boolean resultMore() {
         return (resultFlags & 1) != 0;
+    }
+
+    /** Sends completions no {@link #await} waits for to {@code sink} (once, before any request). */
+    public void completions(Completions sink) {
+        this.sink = sink;
+    }
+
+    /**
+     * Hands statord what is pending and takes what completed, without waiting; returns how many
+     * completions it took.
+     */
+    public int flush() throws IOException {
+        int n = drive(false);
+        checkFailure();
+        return n;
+    }
+
+    /** Hands statord what is pending and waits for at least one completion. */
+    public void pump() throws IOException {
+        drive(true);
+        checkFailure();
+    }
+
+    /** Requests in statord (submitted or pending, not yet completed). */
+    public long inFlight() {
+        return next - oldest;
+    }
+
+    /** How many requests may be in flight at once. */
+    public int capacity() {
+        return mask + 1;
+    }
+
+    /** A request's slot (its index in per-request arrays of {@link #capacity()} entries). */
+    public int slot(long token) {
+        return (int) (token & mask);
+    }
+
+    /**
+     * How many times a call of this channel slept on statord's doorbell: a thread that arms the
+     * doorbell for itself ({@link io.stator.flink.jni.Sleeper}) re-arms when this moved.
+     */
+    public long waits() {
+        return waits;
     }
 
     /** Hands statord every pending request and waits until none is in flight. */
