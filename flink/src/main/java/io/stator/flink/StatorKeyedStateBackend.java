@@ -111,6 +111,7 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
     private final DataOutputSerializer keyBytes = new DataOutputSerializer(64);
     private boolean keyDirty = true;
     private boolean disposed;
+    private final ExecutionConfig config;
 
     StatorKeyedStateBackend(
             TaskKvStateRegistry kvStateRegistry,
@@ -140,6 +141,7 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
                 cancelStreamRegistry,
                 compression,
                 keyContext);
+        this.config = executionConfig;
         this.channel = channel;
         this.checkpoints = checkpoints;
         this.scanOptions = scanOptions;
@@ -656,6 +658,19 @@ public class StatorKeyedStateBackend<K> extends AbstractKeyedStateBackend<K> imp
         }
         IOUtils.closeQuietly(checkpoints);
         states.clear();
+    }
+
+    /** The session id of a registered state (the asynchronous backend's states take it). */
+    int stateId(String name) {
+        StateInfo info = states.get(name);
+        if (info == null || info.stateId < 0) {
+            throw new IllegalStateException("state " + name + " is not registered");
+        }
+        return info.stateId;
+    }
+
+    ExecutionConfig executionConfig() {
+        return config;
     }
 
     /** A view for tests: every state's session id. */

@@ -61,6 +61,17 @@ public final class StatorOptions {
                             "Requests one task may have in statord at once (a power of two, at most "
                                     + "queue-entries); writes wait beyond it.");
 
+    public static final ConfigOption<Integer> ASYNC_IN_FLIGHT =
+            ConfigOptions.key("state.backend.stator.async.in-flight")
+                    .intType()
+                    .defaultValue(8192)
+                    .withDescription(
+                            "Requests one task with asynchronous state (State V2) may have in statord "
+                                    + "at once (a power of two; the session's queues are at least as "
+                                    + "large). Flink's own limits (execution.async-state.buffer-size, "
+                                    + "in-flight-records-limit) decide how many it sends: the default "
+                                    + "holds Flink's default of 6,000 buffered requests.");
+
     public static final ConfigOption<Integer> WRITE_BATCH =
             ConfigOptions.key("state.backend.stator.write-batch")
                     .intType()

@@ -4,6 +4,7 @@ import org.apache.flink.configuration.ReadableConfig;
 import org.apache.flink.core.execution.SavepointFormatType;
 import org.apache.flink.runtime.state.AbstractKeyedStateBackend;
 import org.apache.flink.runtime.state.AbstractStateBackend;
+import org.apache.flink.runtime.state.AsyncKeyedStateBackend;
 import org.apache.flink.runtime.state.ConfigurableStateBackend;
 import org.apache.flink.runtime.state.DefaultOperatorStateBackendBuilder;
 import org.apache.flink.runtime.state.OperatorStateBackend;
@@ -32,6 +33,7 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
     private int queueEntries;
     private long arenaBytes;
     private int inFlight;
+    private int asyncInFlight;
     private int writeBatch;
     private long spinNanos;
 
@@ -42,6 +44,7 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
         this.queueEntries = StatorOptions.QUEUE_ENTRIES.defaultValue();
         this.arenaBytes = StatorOptions.ARENA_SIZE.defaultValue().getBytes();
         this.inFlight = StatorOptions.IN_FLIGHT.defaultValue();
+        this.asyncInFlight = StatorOptions.ASYNC_IN_FLIGHT.defaultValue();
         this.writeBatch = StatorOptions.WRITE_BATCH.defaultValue();
         this.spinNanos = StatorOptions.SPIN.defaultValue().toNanos();
     }
@@ -56,6 +59,7 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
         this.arenaBytes =
                 config.getOptional(StatorOptions.ARENA_SIZE).map(m -> m.getBytes()).orElse(original.arenaBytes);
         this.inFlight = config.getOptional(StatorOptions.IN_FLIGHT).orElse(original.inFlight);
+        this.asyncInFlight = config.getOptional(StatorOptions.ASYNC_IN_FLIGHT).orElse(original.asyncInFlight);
         this.writeBatch = config.getOptional(StatorOptions.WRITE_BATCH).orElse(original.writeBatch);
         this.spinNanos = config.getOptional(StatorOptions.SPIN).map(Duration::toNanos).orElse(original.spinNanos);
         validate();
@@ -69,6 +73,10 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
                 StatorOptions.ARENA_SIZE.key(),
                 arenaBytes);
         check(Integer.bitCount(inFlight) == 1 && inFlight <= queueEntries, StatorOptions.IN_FLIGHT.key(), inFlight);
+        check(
+                Integer.bitCount(asyncInFlight) == 1 && asyncInFlight >= 64 && asyncInFlight <= (1 << 17),
+                StatorOptions.ASYNC_IN_FLIGHT.key(),
+                asyncInFlight);
         check(writeBatch >= 1, StatorOptions.WRITE_BATCH.key(), writeBatch);
     }
 
@@ -100,6 +108,13 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
         return this;
     }
 
+    /** Requests one task with asynchronous state may have in statord at once. */
+    public StatorStateBackend setAsyncInFlight(int asyncInFlight) {
+        this.asyncInFlight = asyncInFlight;
+        validate();
+        return this;
+    }
+
     public StatorStateBackend setArenaBytes(long arenaBytes) {
         this.arenaBytes = arenaBytes;
         validate();
@@ -128,6 +143,29 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
     @Override
     public <K> AbstractKeyedStateBackend<K> createKeyedStateBackend(KeyedStateBackendParameters<K> parameters)
             throws IOException {
+        return build(parameters, queueEntries, inFlight);
+    }
+
+    @Override
+    public boolean supportsAsyncKeyedStateBackend() {
+        return true;
+    }
+
+    /**
+     * The asynchronous backend (State V2): the same session, state and checkpoints as {@link
+     * #createKeyedStateBackend}, with queues for {@code state.backend.stator.async.in-flight}
+     * requests in flight.
+     */
+    @Override
+    public <K> AsyncKeyedStateBackend<K> createAsyncKeyedStateBackend(KeyedStateBackendParameters<K> parameters)
+            throws IOException {
+        StatorKeyedStateBackend<K> backend =
+                build(parameters, Math.max(queueEntries, asyncInFlight), asyncInFlight);
+        return new StatorAsyncKeyedStateBackend<>(backend, parameters.getTtlTimeProvider());
+    }
+
+    private <K> StatorKeyedStateBackend<K> build(
+            KeyedStateBackendParameters<K> parameters, int queueEntries, int inFlight) throws IOException {
         return new StatorKeyedStateBackendBuilder<>(
                         parameters,
                         socket,
