@@ -1,5 +1,6 @@
 package io.stator.flink;
 
+import io.stator.flink.testutils.JobRuns;
 import io.stator.flink.testutils.Statord;
 import io.stator.flink.testutils.TestJob;
 
@@ -70,22 +71,7 @@ class StatorJobITCase {
     }
 
     private static Configuration config(String backend, Statord statord, String name) throws IOException {
-        Configuration c = new Configuration();
-        c.set(StateBackendOptions.STATE_BACKEND, backend);
-        c.setString(StatorOptions.SOCKET.key(), statord.socket());
-        c.setString(StatorOptions.ARENA_SIZE.key(), "8mb");
-        c.set(CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofMillis(100));
-        c.set(
-                CheckpointingOptions.CHECKPOINTS_DIRECTORY,
-                Files.createDirectories(dir.resolve("checkpoints").resolve(name)).toUri().toString());
-        c.set(
-                CheckpointingOptions.EXTERNALIZED_CHECKPOINT_RETENTION,
-                ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION);
-        c.set(RestartStrategyOptions.RESTART_STRATEGY, "fixed-delay");
-        c.set(RestartStrategyOptions.RESTART_STRATEGY_FIXED_DELAY_ATTEMPTS, 200);
-        c.set(RestartStrategyOptions.RESTART_STRATEGY_FIXED_DELAY_DELAY, Duration.ofMillis(100));
-        c.set(PipelineOptions.MAX_PARALLELISM, 128);
-        return c;
+        return JobRuns.config(dir, backend, statord, name);
     }
 
     private static final String STATOR = StatorStateBackendFactory.class.getName();
@@ -102,48 +88,16 @@ class StatorJobITCase {
         assertThat(new HashSet<>(TestJob.WINDOWS.get(run))).isEqualTo(new HashSet<>(TestJob.WINDOWS.get("ref")));
     }
 
-    /** Waits until every record below {@code upTo} is processed. */
     private static void awaitProcessed(String run, long upTo) throws InterruptedException {
-        long deadline = System.nanoTime() + Duration.ofMinutes(3).toNanos();
-        while (!TestJob.processedUpTo(run, upTo)) {
-            assertThat(System.nanoTime()).as("records below %d processed in time", upTo).isLessThan(deadline);
-            Thread.sleep(20);
-        }
+        JobRuns.awaitProcessed(run, upTo);
     }
 
-    /**
-     * Waits for the second checkpoint of {@code job} completed after now (so it was triggered
-     * after now: one checkpoint at a time) and returns its directory.
-     */
     private static Path awaitCheckpoint(String name, JobID job) throws Exception {
-        Path jobDir = dir.resolve("checkpoints").resolve(name).resolve(job.toHexString());
-        long since = System.currentTimeMillis();
-        long deadline = System.nanoTime() + Duration.ofMinutes(2).toNanos();
-        while (true) {
-            List<Path> done;
-            try (Stream<Path> s = Files.exists(jobDir) ? Files.list(jobDir) : Stream.empty()) {
-                done =
-                        s.filter(p -> p.getFileName().toString().startsWith("chk-"))
-                                .filter(p -> Files.exists(p.resolve("_metadata")))
-                                .filter(p -> p.resolve("_metadata").toFile().lastModified() > since)
-                                .sorted(Comparator.comparingInt(p -> Integer.parseInt(p.getFileName().toString().substring(4))))
-                                .toList();
-            }
-            if (done.size() >= 2) {
-                return done.get(done.size() - 1);
-            }
-            assertThat(System.nanoTime()).as("a checkpoint completed in time").isLessThan(deadline);
-            Thread.sleep(20);
-        }
+        return JobRuns.awaitCheckpoint(dir, name, job);
     }
 
     private static void cancel(JobClient c) throws Exception {
-        c.cancel().get();
-        try {
-            c.getJobExecutionResult().get();
-        } catch (Exception expected) {
-            // cancelled
-        }
+        JobRuns.cancel(c);
     }
 
     @Test
