@@ -14,6 +14,8 @@ import org.apache.flink.api.common.state.v2.ReducingStateDescriptor;
 import org.apache.flink.api.common.state.v2.State;
 import org.apache.flink.api.common.state.v2.StateDescriptor;
 import org.apache.flink.api.common.typeutils.TypeSerializer;
+import org.apache.flink.metrics.Gauge;
+import org.apache.flink.metrics.MetricGroup;
 import org.apache.flink.runtime.asyncprocessing.RecordContext;
 import org.apache.flink.runtime.asyncprocessing.StateExecutor;
 import org.apache.flink.runtime.asyncprocessing.StateRequestHandler;
@@ -60,12 +62,29 @@ public final class StatorAsyncKeyedStateBackend<K> implements AsyncKeyedStateBac
     private final TtlTimeProvider ttlTimeProvider;
     private final Map<String, InternalKeyedState<K, ?, ?>> states = new HashMap<>();
     private StateRequestHandler handler;
-    private StatorStateExecutor executor;
+    private volatile StatorStateExecutor executor;
 
-    StatorAsyncKeyedStateBackend(StatorKeyedStateBackend<K> backend, TtlTimeProvider ttlTimeProvider) {
+    StatorAsyncKeyedStateBackend(
+            StatorKeyedStateBackend<K> backend, TtlTimeProvider ttlTimeProvider, MetricGroup metrics) {
         this.backend = backend;
         this.ttlTimeProvider = ttlTimeProvider;
+        if (metrics != null) {
+            // The operator's state requests in statord: now, and the most at once.
+            metrics.<Long, Gauge<Long>>gauge(METRIC_IN_FLIGHT, () -> {
+                StatorStateExecutor e = executor;
+                return e == null ? 0L : e.inFlight();
+            });
+            metrics.<Long, Gauge<Long>>gauge(METRIC_MAX_IN_FLIGHT, () -> {
+                StatorStateExecutor e = executor;
+                return e == null ? 0L : e.maxInFlight();
+            });
+        }
     }
+
+    /** Operator metrics: state requests in statord now, and the most at once. */
+    public static final String METRIC_IN_FLIGHT = "statorRequestsInFlight";
+
+    public static final String METRIC_MAX_IN_FLIGHT = "statorRequestsInFlightMax";
 
     /** The synchronous backend underneath (tests). */
     StatorKeyedStateBackend<K> backend() {

@@ -161,7 +161,7 @@ public class StatorStateBackend extends AbstractStateBackend implements Configur
             throws IOException {
         StatorKeyedStateBackend<K> backend =
                 build(parameters, Math.max(queueEntries, asyncInFlight), asyncInFlight);
-        return new StatorAsyncKeyedStateBackend<>(backend, parameters.getTtlTimeProvider());
+        return new StatorAsyncKeyedStateBackend<>(backend, parameters.getTtlTimeProvider(), parameters.getMetricGroup());
     }
 
     private <K> StatorKeyedStateBackend<K> build(

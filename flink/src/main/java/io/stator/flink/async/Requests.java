@@ -309,9 +309,13 @@ final class Requests implements RequestChannel.Completions {
             ch.out.reserve(capacity);
             outLen = capacity;
         }
-        long token =
-                ch.submit(op, 0, keyGroup, c.stateId, keyOff, keyLen, nsOff, nsLen, ukOff, ukLen, outOff, outLen, arg);
-        track(token, r, outOff, null);
+        long token = track(r, outOff, null);
+        try {
+            ch.submit(op, 0, keyGroup, c.stateId, keyOff, keyLen, nsOff, nsLen, ukOff, ukLen, outOff, outLen, arg);
+        } catch (IOException | RuntimeException e) {
+            untrack(token);
+            throw e;
+        }
     }
 
     /** The cursor of a map iteration's first page: the request's key part, serialized. */
@@ -339,34 +343,54 @@ final class Requests implements RequestChannel.Completions {
         int room = capacity > 0 ? capacity : PAGE_BYTES;
         int outOff = ch.mark();
         ch.out.reserve(room);
-        long token =
-                ch.submit(
-                        Opcode.MAP_ITER,
-                        flags,
-                        keyGroup,
-                        c.stateId,
-                        keyOff,
-                        keyLen,
-                        nsOff,
-                        nsLen,
-                        ukOff,
-                        ukLen,
-                        outOff,
-                        room,
-                        keysOnly(m.original) ? Opcode.ITER_KEYS : Opcode.ITER_ENTRIES);
-        track(token, r, outOff, m);
+        long token = track(r, outOff, m);
+        try {
+            ch.submit(
+                    Opcode.MAP_ITER,
+                    flags,
+                    keyGroup,
+                    c.stateId,
+                    keyOff,
+                    keyLen,
+                    nsOff,
+                    nsLen,
+                    ukOff,
+                    ukLen,
+                    outOff,
+                    room,
+                    keysOnly(m.original) ? Opcode.ITER_KEYS : Opcode.ITER_ENTRIES);
+        } catch (IOException | RuntimeException e) {
+            untrack(token);
+            throw e;
+        }
     }
 
     private static boolean keysOnly(StateRequestType original) {
         return original == StateRequestType.MAP_ITER_KEY || original == StateRequestType.MAP_IS_EMPTY;
     }
 
-    private void track(long token, StateRequest<?, ?, ?, ?> r, int outOff, MapCursor m) {
+    /**
+     * Records a read under the token its submit will get, before the submit: a submit may hand
+     * statord the batch and take completions, this read's among them, before it returns.
+     */
+    private long track(StateRequest<?, ?, ?, ?> r, int outOff, MapCursor m) {
+        long token = ch.nextToken();
         int slot = ch.slot(token);
         reads[slot] = r;
         outOffs[slot] = outOff;
         cursors[slot] = m;
         pendingReads++;
+        return token;
+    }
+
+    /** Forgets a read whose submit failed (its future fails instead). */
+    private void untrack(long token) {
+        int slot = ch.slot(token);
+        if (reads[slot] != null) {
+            reads[slot] = null;
+            cursors[slot] = null;
+            pendingReads--;
+        }
     }
 
     // ------------------------------------------------------------------------

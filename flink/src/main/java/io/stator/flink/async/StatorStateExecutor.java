@@ -51,6 +51,11 @@ public final class StatorStateExecutor implements StateExecutor {
     /** The channel's {@link RequestChannel#waits()} when the completion thread armed the doorbell. */
     private long armedAt;
     private volatile Throwable failure;
+    /**
+     * The most requests in the session's queues at once (submitted and not yet reaped), as the
+     * task thread saw while submitting.
+     */
+    private volatile long maxInFlight;
 
     public StatorStateExecutor(RequestChannel ch, TypeSerializer<?> keySerializer, String name)
             throws StatorException {
@@ -95,9 +100,12 @@ public final class StatorStateExecutor implements StateExecutor {
         Batch batch = (Batch) container;
         boolean wake;
         synchronized (ch) {
+            long most = maxInFlight;
             for (StateRequest<?, ?, ?, ?> r : batch.requests) {
                 submitChecked(r);
+                most = Math.max(most, ch.inFlight());
             }
+            maxInFlight = most;
             publish();
             wake = afterCall();
         }
@@ -165,6 +173,16 @@ public final class StatorStateExecutor implements StateExecutor {
         } catch (StatorException e) {
             LOG.warn("Could not wake the completion thread; it looks again within {} ms", SLEEP_MS, e);
         }
+    }
+
+    /** Requests in statord now. */
+    public long inFlight() {
+        return ch.inFlight();
+    }
+
+    /** The most requests this executor had in statord at once. */
+    public long maxInFlight() {
+        return maxInFlight;
     }
 
     @Override

@@ -399,6 +399,15 @@ public final class RequestChannel implements ArenaOutputView.Room, AutoCloseable
         checkFailure();
     }
 
+    /**
+     * The token the next {@link #submit} returns: a caller that must know a request before its
+     * completion can arrive (a submit may hand statord the batch and take completions at once)
+     * records it first.
+     */
+    public long nextToken() {
+        return next;
+    }
+
     /** Requests in statord (submitted or pending, not yet completed). */
     public long inFlight() {
         return next - oldest;
