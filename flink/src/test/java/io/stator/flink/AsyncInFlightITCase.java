@@ -12,9 +12,6 @@ import org.apache.flink.api.common.typeinfo.Types;
 import org.apache.flink.configuration.Configuration;
 import org.apache.flink.configuration.ExecutionOptions;
 import org.apache.flink.core.execution.JobClient;
-import org.apache.flink.metrics.Gauge;
-import org.apache.flink.metrics.Metric;
-import org.apache.flink.metrics.MetricGroup;
 import org.apache.flink.runtime.state.FunctionInitializationContext;
 import org.apache.flink.runtime.state.FunctionSnapshotContext;
 import org.apache.flink.runtime.testutils.InMemoryReporter;
@@ -36,7 +33,6 @@ import org.junit.jupiter.api.io.TempDir;
 
 import java.nio.file.Path;
 import java.time.Duration;
-import java.util.Arrays;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
@@ -117,13 +113,13 @@ class AsyncInFlightITCase {
                 Thread.sleep(20);
             }
             JobRuns.awaitCheckpoint(dir, run, job.getJobID());
-            long most = maxInFlight(run);
+            long most = JobRuns.maxInFlight(REPORTER, run);
             own.kill();
             RELEASED.add(run);
             Thread.sleep(500);
             own.start();
             job.getJobExecutionResult().get();
-            most = Math.max(most, maxInFlight(run));
+            most = Math.max(most, JobRuns.maxInFlight(REPORTER, run));
             System.out.printf("%s: at most %d state requests in statord at once%n", run, most);
             // Flink's buffer went to statord whole: a batch of thousands of reads (and the writes
             // they lead to) at once, not one read at a time. (8,192 and 65,536 here: the channel's
@@ -147,19 +143,6 @@ class AsyncInFlightITCase {
             }
         }
         return true;
-    }
-
-    /** The most requests in statord at once, over every attempt of {@code run}'s keyed task. */
-    @SuppressWarnings("unchecked")
-    private static long maxInFlight(String run) {
-        long most = 0;
-        for (Map.Entry<MetricGroup, Map<String, Metric>> g : REPORTER.getMetricsByGroup().entrySet()) {
-            Metric m = g.getValue().get(StatorAsyncKeyedStateBackend.METRIC_MAX_IN_FLIGHT);
-            if (m != null && Arrays.asList(g.getKey().getScopeComponents()).contains(run)) {
-                most = Math.max(most, ((Gauge<Long>) m).getValue());
-            }
-        }
-        return most;
     }
 
     /** Records {@code [0, end)} from a checkpointed offset; waits at {@code pauseAt} until released. */

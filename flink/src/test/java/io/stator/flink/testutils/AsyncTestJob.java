@@ -24,7 +24,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
-import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * {@link TestJob}'s keyed operator written against Flink's asynchronous state API (State V2,
@@ -41,15 +40,7 @@ public final class AsyncTestJob {
     public static void build(
             StreamExecutionEnvironment env, String run, long end, long pauseAt, long failAt, int parallelism) {
         TestJob.LATEST.putIfAbsent(run, new ConcurrentHashMap<>());
-        TestJob.FAILED.putIfAbsent(run, new AtomicBoolean());
-        DataStream<Long> numbers =
-                env.addSource(new TestJob.Numbers(run, end, pauseAt), "numbers")
-                        .returns(Types.LONG)
-                        .setParallelism(1)
-                        .uid("numbers")
-                        .map(new TestJob.Failer(run, failAt))
-                        .setParallelism(1)
-                        .uid("failer");
+        DataStream<Long> numbers = TestJob.numbers(env, run, end, pauseAt, failAt);
         numbers.keyBy(v -> (int) (v % TestJob.KEYS), Types.INT)
                 .enableAsyncState()
                 .process(new AsyncStates())

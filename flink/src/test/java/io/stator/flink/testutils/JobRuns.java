@@ -1,5 +1,6 @@
 package io.stator.flink.testutils;
 
+import io.stator.flink.StatorAsyncKeyedStateBackend;
 import io.stator.flink.StatorOptions;
 
 import org.apache.flink.api.common.JobID;
@@ -10,13 +11,19 @@ import org.apache.flink.configuration.PipelineOptions;
 import org.apache.flink.configuration.RestartStrategyOptions;
 import org.apache.flink.configuration.StateBackendOptions;
 import org.apache.flink.core.execution.JobClient;
+import org.apache.flink.metrics.Gauge;
+import org.apache.flink.metrics.Metric;
+import org.apache.flink.metrics.MetricGroup;
+import org.apache.flink.runtime.testutils.InMemoryReporter;
 
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.Arrays;
 import java.util.Comparator;
 import java.util.List;
+import java.util.Map;
 import java.util.stream.Stream;
 
 import static org.assertj.core.api.Assertions.assertThat;
@@ -93,4 +100,20 @@ public final class JobRuns {
         }
     }
 
+
+    /**
+     * The most state requests Stator's asynchronous backend had in statord at once, over every
+     * attempt of {@code run}'s keyed tasks (0: no such backend ran).
+     */
+    @SuppressWarnings("unchecked")
+    public static long maxInFlight(InMemoryReporter reporter, String run) {
+        long most = 0;
+        for (Map.Entry<MetricGroup, Map<String, Metric>> g : reporter.getMetricsByGroup().entrySet()) {
+            Metric m = g.getValue().get(StatorAsyncKeyedStateBackend.METRIC_MAX_IN_FLIGHT);
+            if (m != null && Arrays.asList(g.getKey().getScopeComponents()).contains(run)) {
+                most = Math.max(most, ((Gauge<Long>) m).getValue());
+            }
+        }
+        return most;
+    }
 }

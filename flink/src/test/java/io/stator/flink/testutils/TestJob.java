@@ -67,15 +67,7 @@ public final class TestJob {
     public static void build(StreamExecutionEnvironment env, String run, long end, long pauseAt, long failAt, int parallelism) {
         LATEST.putIfAbsent(run, new ConcurrentHashMap<>());
         WINDOWS.putIfAbsent(run, ConcurrentHashMap.newKeySet());
-        FAILED.putIfAbsent(run, new AtomicBoolean());
-        DataStream<Long> numbers =
-                env.addSource(new Numbers(run, end, pauseAt), "numbers")
-                        .returns(Types.LONG)
-                        .setParallelism(1)
-                        .uid("numbers")
-                        .map(new Failer(run, failAt))
-                        .setParallelism(1)
-                        .uid("failer");
+        DataStream<Long> numbers = numbers(env, run, end, pauseAt, failAt);
         numbers.keyBy(v -> (int) (v % KEYS), Types.INT)
                 .process(new AllStates())
                 .setParallelism(parallelism)
@@ -91,6 +83,23 @@ public final class TestJob {
                 .addSink(new Windows(run))
                 .setParallelism(parallelism)
                 .uid("windows");
+    }
+
+    /**
+     * The jobs' input: records {@code [0, end)} in order from one checkpointed source, pausing at
+     * {@code pauseAt} (-1: never) until released, failing the job once at {@code failAt} (-1:
+     * never).
+     */
+    public static DataStream<Long> numbers(
+            StreamExecutionEnvironment env, String run, long end, long pauseAt, long failAt) {
+        FAILED.putIfAbsent(run, new AtomicBoolean());
+        return env.addSource(new Numbers(run, end, pauseAt), "numbers")
+                .returns(Types.LONG)
+                .setParallelism(1)
+                .uid("numbers")
+                .map(new Failer(run, failAt))
+                .setParallelism(1)
+                .uid("failer");
     }
 
     /** The records, in order, from a checkpointed offset; pauses (idle, checkpointing) at pauseAt. */
