@@ -2,17 +2,20 @@
 # Stator's Flink benchmarks, every backend in one run (HashMap, EmbeddedRocksDB, Stator):
 #   1. JMH state benchmarks (value, list, map; 500 K setup keys; ops/ms, sampled latency and
 #      JMH's gc profiler), after apache/flink-benchmarks;
-#   2. the MiniCluster job benchmark (records/s and checkpoint duration at two state sizes).
-# Usage: flink/bench.sh [--quick] [--state-only | --job-only] [JMH benchmark regex]
-# Results: flink/target/bench/{state.json,state.txt,job.json} and a summary on stdout.
+#   2. the MiniCluster job benchmark (records/s and checkpoint duration at two state sizes);
+#   3. the asynchronous-state (State V2) job benchmark: ForSt, EmbeddedRocksDB and Stator's
+#      asynchronous backend, state in memory and four times the memory budget on disk.
+# Usage: flink/bench.sh [--quick] [--state-only | --job-only | --async-only] [JMH benchmark regex]
+# Results: flink/target/bench/{state.json,state.txt,job.json,async.json} and a summary on stdout.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=0 state=1 job=1 regex=""
+quick=0 state=1 job=1 async=1 regex=""
 for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
-        --state-only) job=0 ;;
-        --job-only) state=0 ;;
+        --state-only) job=0 async=0 ;;
+        --job-only) state=0 async=0 ;;
+        --async-only) state=0 job=0 ;;
         -*) echo "unknown option $a" >&2; exit 2 ;;
         *) regex="$a" ;;
     esac
@@ -41,4 +44,11 @@ if [ "$job" = 1 ]; then
     if [ "$quick" = 1 ]; then q=(--quick); fi
     # shellcheck disable=SC2086
     java $opens $props -Xmx4g -cp "$cp" io.stator.flink.bench.JobBenchmark "${q[@]}" --json "$out/job.json"
+fi
+if [ "$async" = 1 ]; then
+    if [ "$state" = 1 ] || [ "$job" = 1 ]; then echo; fi
+    q=()
+    if [ "$quick" = 1 ]; then q=(--quick); fi
+    # shellcheck disable=SC2086
+    java $opens $props -Xmx4g -cp "$cp" io.stator.flink.bench.AsyncJobBenchmark "${q[@]}" --json "$out/async.json"
 fi

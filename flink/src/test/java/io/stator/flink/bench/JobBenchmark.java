@@ -133,25 +133,50 @@ public final class JobBenchmark {
     private static Result run(
             MiniCluster mini, Statord statord, Path dir, String backend, long keys, int seconds, int checkpoints)
             throws Exception {
+        Configuration c = config(statord, dir, backend, "job-bench-" + keys, keys);
+        return measure(mini, c, backend + " " + keys + " keys", env -> env.addSource(new Records(keys), "records")
+                .returns(Types.LONG)
+                .keyBy(v -> v, Types.LONG)
+                .process(new Aggregate())
+                .addSink(new DiscardingSink<>()), keys, seconds, checkpoints);
+    }
+
+    /**
+     * A job's configuration on {@code backend} ({@code hashmap}, {@code rocksdb}, {@code forst}
+     * or {@code stator}): checkpoints only when the benchmark triggers them.
+     */
+    static Configuration config(Statord statord, Path dir, String backend, String job, long keys) throws Exception {
         Configuration c = new Configuration();
         c.set(
                 StateBackendOptions.STATE_BACKEND,
                 backend.equals("stator") ? StatorStateBackendFactory.class.getName() : backend);
         c.setString(StatorOptions.SOCKET.key(), statord.socket());
-        c.setString(StatorOptions.JOB.key(), "job-bench-" + keys);
-        // Checkpoints only when this benchmark triggers them.
+        c.setString(StatorOptions.JOB.key(), job);
         c.set(CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofHours(1));
         c.set(
                 CheckpointingOptions.CHECKPOINTS_DIRECTORY,
                 Files.createDirectories(dir.resolve("checkpoints").resolve(backend + keys)).toUri().toString());
         c.set(PipelineOptions.MAX_PARALLELISM, 128);
+        return c;
+    }
+
+    /**
+     * Runs the job {@code build} makes (parallelism 1) until {@link #PROCESSED} passed {@code
+     * keys}, then measures records/s in one-second windows for {@code seconds}, then takes {@code
+     * checkpoints} checkpoints one at a time.
+     */
+    static Result measure(
+            MiniCluster mini,
+            Configuration c,
+            String label,
+            java.util.function.Consumer<StreamExecutionEnvironment> build,
+            long keys,
+            int seconds,
+            int checkpoints)
+            throws Exception {
         StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(c);
         env.setParallelism(1);
-        env.addSource(new Records(keys), "records")
-                .returns(Types.LONG)
-                .keyBy(v -> v, Types.LONG)
-                .process(new Aggregate())
-                .addSink(new DiscardingSink<>());
+        build.accept(env);
         PROCESSED.set(0);
         JobID job = mini.submitJob(env.getStreamGraph().getJobGraph()).get().getJobID();
         try {
@@ -171,7 +196,7 @@ public final class JobBenchmark {
                 at = now;
             }
             if (WINDOWS.get()) {
-                System.out.println(backend + " " + keys + " keys, records/s per second: " + Arrays.toString(rates));
+                System.out.println(label + ", records/s per second: " + Arrays.toString(rates));
             }
             Arrays.sort(rates);
             for (int i = 0; i < checkpoints; i++) {
