@@ -67,10 +67,11 @@ public final class StatorOptions {
                     .defaultValue(8192)
                     .withDescription(
                             "Requests one task with asynchronous state (State V2) may have in statord "
-                                    + "at once (a power of two; the session's queues are at least as "
-                                    + "large). Flink's own limits (execution.async-state.buffer-size, "
-                                    + "in-flight-records-limit) decide how many it sends: the default "
-                                    + "holds Flink's default of 6,000 buffered requests.");
+                                    + "at once, reads and writes (a power of two; the session's queues "
+                                    + "are at least as large); beyond it a submission waits for the "
+                                    + "oldest. Flink's execution.async-state.total-buffer-size (6,000 "
+                                    + "records) and active-buffer-size (1,000 requests per batch) decide "
+                                    + "how many it sends.");
 
     public static final ConfigOption<Integer> WRITE_BATCH =
             ConfigOptions.key("state.backend.stator.write-batch")

@@ -5,6 +5,7 @@ import io.stator.flink.session.ArenaInputView;
 import io.stator.flink.session.Opcode;
 import io.stator.flink.session.RequestChannel;
 import io.stator.flink.session.Status;
+import io.stator.flink.state.AbstractStatorState;
 
 import org.apache.flink.api.common.typeutils.TypeSerializer;
 import org.apache.flink.api.java.tuple.Tuple2;
@@ -57,6 +58,10 @@ final class Requests implements RequestChannel.Completions {
     /** Reads to ask again, with the room or the cursor they need. */
     private final List<Retry> retries = new ArrayList<>();
 
+    /** A synchronous request its caller waits for, and whether it ended (done or failed). */
+    private StateRequest<?, ?, ?, ?> watched;
+    private boolean watchedEnded;
+
     /** The key part of the request being written (offsets relative to its start). */
     private int keyGroup;
     private int keyOff;
@@ -95,7 +100,27 @@ final class Requests implements RequestChannel.Completions {
     //  Submitting
     // ------------------------------------------------------------------------
 
-    /** Writes {@code r} into the channel; a failure completes its future exceptionally. */
+    /**
+     * Watches {@code r} (null: none): {@link #watchedEnded} tells when its future completed or
+     * failed. A failed Flink future never says it is done (its failure goes to the task's
+     * handler), so a caller waiting for one must ask here.
+     */
+    void watch(StateRequest<?, ?, ?, ?> r) {
+        watched = r;
+        watchedEnded = false;
+    }
+
+    boolean watchedEnded() {
+        return watchedEnded;
+    }
+
+    private void ended(StateRequest<?, ?, ?, ?> r) {
+        if (r == watched) {
+            watchedEnded = true;
+        }
+    }
+
+    /** Writes {@code r} into the channel; a failure fails its future. */
     void submit(StateRequest<?, ?, ?, ?> r) {
         try {
             encode(r, 0, null);
@@ -104,8 +129,9 @@ final class Requests implements RequestChannel.Completions {
         }
     }
 
-    /** Asks again what {@link #completed} queued. */
-    void resubmit() {
+    /** Asks again what {@link #completed} queued; returns whether there was anything. */
+    boolean resubmit() {
+        boolean any = !retries.isEmpty();
         while (!retries.isEmpty()) {
             Retry t = retries.remove(retries.size() - 1);
             try {
@@ -114,6 +140,7 @@ final class Requests implements RequestChannel.Completions {
                 fail(t.request, e);
             }
         }
+        return any;
     }
 
     @SuppressWarnings("unchecked")
@@ -215,6 +242,7 @@ final class Requests implements RequestChannel.Completions {
                 };
         if (written) {
             r.getFuture().complete(null);
+            ended(r);
         }
     }
 
@@ -408,10 +436,11 @@ final class Requests implements RequestChannel.Completions {
         reads[slot] = null;
         cursors[slot] = null;
         pendingReads--;
+        int queued = retries.size();
         try {
             StateCodec c = ((StateCodec.Coded) r.getState()).codec();
             if (status == Status.RESULT_TOO_LARGE) {
-                retries.add(new Retry(r, grow(length), m));
+                retries.add(new Retry(r, AbstractStatorState.grow(length), m));
             } else if (status < 0) {
                 throw new StatorException(
                         StatorException.STATUS,
@@ -425,15 +454,13 @@ final class Requests implements RequestChannel.Completions {
             } else {
                 decode(r, c, m, status, ch.absolute(token, outOffs[slot]), length, aux, flags);
             }
+            if (retries.size() == queued) {
+                ended(r);
+            }
         } catch (Throwable t) {
             fail(r, t);
         }
         return true;
-    }
-
-    static int grow(int needed) {
-        int c = Integer.highestOneBit(Math.max(needed, 64) - 1) << 1;
-        return c > 0 ? c : needed;
     }
 
     @SuppressWarnings({"unchecked", "rawtypes"})
@@ -503,7 +530,7 @@ final class Requests implements RequestChannel.Completions {
     /** Later reads of the state reserve a result as large as this one, up to a bound. */
     private static void remember(StateCodec c, int len) {
         if (len > c.readCapacity && c.readCapacity < STICKY_CAPACITY) {
-            c.readCapacity = Math.min(grow(len), STICKY_CAPACITY);
+            c.readCapacity = Math.min(AbstractStatorState.grow(len), STICKY_CAPACITY);
         }
     }
 
@@ -567,11 +594,13 @@ final class Requests implements RequestChannel.Completions {
         return out;
     }
 
-    private static void fail(StateRequest<?, ?, ?, ?> r, Throwable t) {
+    /** Fails {@code r}: Flink hands the failure to the task's handler, which fails the task. */
+    void fail(StateRequest<?, ?, ?, ?> r, Throwable t) {
         r.getFuture().completeExceptionally("statord failed a " + r.getRequestType() + " state request", t);
+        ended(r);
     }
 
-    /** Fails every read in flight or queued (the session is gone). */
+    /** Fails every read in flight or queued (the session is gone, or the executor stopped). */
     void failAll(Throwable t) {
         for (int i = 0; i < reads.length; i++) {
             if (reads[i] != null) {

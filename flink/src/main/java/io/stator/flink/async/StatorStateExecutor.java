@@ -23,8 +23,9 @@ import java.util.concurrent.CompletableFuture;
  *
  * <p>Two threads drive the session's channel, one at a time under its lock: the task thread
  * submits ({@link #executeBatchRequests}, and waits only for a synchronous request of its own),
- * and a completion thread of this executor takes completions and completes their futures; Flink
- * runs the futures' callbacks on the task's mailbox thread. While requests are in flight and
+ * and a completion thread of this executor takes completions and completes their futures (the
+ * task thread completes those that are ready when it submits); Flink runs the futures'
+ * callbacks on the task's mailbox thread. While requests are in flight and
  * none is ready, the completion thread sleeps on the session's doorbell (statord rings it at the
  * next completion), not holding the lock; with nothing in flight it waits for a submission. It
  * never spins: a third busy thread beside the task and statord's shard stalls both on a small
@@ -62,10 +63,10 @@ public final class StatorStateExecutor implements StateExecutor {
         this.ch = ch;
         this.requests = new Requests(ch, keySerializer);
         this.fullAt = ch.capacity() - ch.capacity() / 8;
+        this.sleeper = ch.session().sleeper();
         synchronized (ch) {
             ch.completions(requests);
         }
-        this.sleeper = ch.session().sleeper();
         this.completions = new Thread(this::run, "stator-completions " + name);
         completions.setDaemon(true);
         completions.start();
@@ -98,7 +99,6 @@ public final class StatorStateExecutor implements StateExecutor {
     @Override
     public CompletableFuture<Void> executeBatchRequests(AsyncRequestContainer<StateRequest<?, ?, ?, ?>> container) {
         Batch batch = (Batch) container;
-        boolean wake;
         synchronized (ch) {
             long most = maxInFlight;
             for (StateRequest<?, ?, ?, ?> r : batch.requests) {
@@ -107,40 +107,47 @@ public final class StatorStateExecutor implements StateExecutor {
             }
             maxInFlight = most;
             publish();
-            wake = afterCall();
-        }
-        if (wake) {
-            wakeCompletions();
+            wakeIfDisarmed();
         }
         return CompletableFuture.completedFuture(null);
     }
 
-    /** Runs one request to its end on the calling (task) thread. */
+    /**
+     * Runs one request to its end on the calling (task) thread: until its future completed or
+     * failed (a failed Flink future never counts as done, so the executor tracks the end itself).
+     */
     @Override
     public void executeRequestSync(StateRequest<?, ?, ?, ?> r) {
-        boolean wake;
         synchronized (ch) {
-            submitChecked(r);
-            publish();
+            requests.watch(r);
             try {
-                while (!r.getFuture().isDone()) {
+                submitChecked(r);
+                publish();
+                while (!requests.watchedEnded()) {
+                    if (Thread.currentThread().isInterrupted()) {
+                        throw new InterruptedException("interrupted waiting for a state request");
+                    }
+                    if (ch.inFlight() == 0) {
+                        throw new IllegalStateException("a synchronous state request is neither in statord nor done");
+                    }
                     ch.pump();
-                    requests.resubmit();
+                    resubmit();
                 }
             } catch (Throwable t) {
                 fail(t);
+            } finally {
+                requests.watch(null);
             }
-            wake = afterCall();
-        }
-        if (wake) {
-            wakeCompletions();
+            wakeIfDisarmed();
         }
     }
 
     private void submitChecked(StateRequest<?, ?, ?, ?> r) {
         Throwable f = failure;
         if (f != null) {
-            r.getFuture().completeExceptionally("statord's session failed", f);
+            requests.fail(r, f);
+        } else if (!running) {
+            requests.fail(r, new IllegalStateException("Stator's state executor is shut down"));
         } else {
             requests.submit(r);
         }
@@ -150,7 +157,7 @@ public final class StatorStateExecutor implements StateExecutor {
     private void publish() {
         try {
             ch.flush();
-            requests.resubmit();
+            resubmit();
         } catch (Throwable t) {
             fail(t);
         }
@@ -160,13 +167,27 @@ public final class StatorStateExecutor implements StateExecutor {
     }
 
     /**
-     * After the task thread's call: whether the completion thread must be woken because a wait
-     * of the call (a full queue) ended its doorbell request. Under the lock.
+     * Asks again what came back too large (or must resume), and hands it to statord at once:
+     * left in the command buffer, it would wait for the next call. Under the lock.
      */
-    private boolean afterCall() {
-        return sleeping && ch.waits() != armedAt;
+    private void resubmit() throws java.io.IOException {
+        while (requests.resubmit()) {
+            ch.flush();
+        }
     }
 
+    /**
+     * After the task thread's call: wakes the completion thread if a wait of the call (a full
+     * queue) ended the doorbell request it sleeps on. Under the lock (the sleeper is freed under
+     * it too).
+     */
+    private void wakeIfDisarmed() {
+        if (sleeping && ch.waits() != armedAt) {
+            wakeCompletions();
+        }
+    }
+
+    /** Under the lock. */
     private void wakeCompletions() {
         try {
             sleeper.wake();
@@ -211,7 +232,7 @@ public final class StatorStateExecutor implements StateExecutor {
                         continue;
                     }
                     int n = ch.flush();
-                    requests.resubmit();
+                    resubmit();
                     if (n > 0) {
                         continue;
                     }
@@ -233,8 +254,6 @@ public final class StatorStateExecutor implements StateExecutor {
                     }
                 }
             }
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
         } catch (Throwable t) {
             synchronized (ch) {
                 fail(t);
@@ -253,14 +272,14 @@ public final class StatorStateExecutor implements StateExecutor {
         requests.failAll(failure);
     }
 
-    /** Stops the completion thread; reads still in flight are not completed. */
+    /** Stops the completion thread; later requests fail, and so do reads still in flight. */
     @Override
     public void shutdown() {
         running = false;
         synchronized (ch) {
             ch.notifyAll();
+            wakeCompletions();
         }
-        wakeCompletions();
         boolean interrupted = false;
         while (completions.isAlive()) {
             try {
@@ -270,6 +289,7 @@ public final class StatorStateExecutor implements StateExecutor {
             }
         }
         synchronized (ch) {
+            requests.failAll(new IllegalStateException("Stator's state executor is shut down"));
             ch.completions(null);
             sleeper.close();
         }

@@ -250,7 +250,8 @@ public abstract class AbstractStatorState<K, N, V> implements InternalKvState<K,
         return ch.resultAux();
     }
 
-    static int grow(int needed) {
+    /** The room a read asks for after a result of {@code needed} bytes did not fit. */
+    public static int grow(int needed) {
         int c = Integer.highestOneBit(Math.max(needed, 64) - 1) << 1;
         return c > 0 ? c : needed;
     }
