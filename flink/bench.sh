@@ -5,17 +5,22 @@
 #   2. the MiniCluster job benchmark (records/s and checkpoint duration at two state sizes);
 #   3. the asynchronous-state (State V2) job benchmark: ForSt, EmbeddedRocksDB and Stator's
 #      asynchronous backend, state in memory and four times the memory budget on disk.
-# Usage: flink/bench.sh [--quick] [--state-only | --job-only | --async-only] [JMH benchmark regex]
-# Results: flink/target/bench/{state.json,state.txt,job.json,async.json} and a summary on stdout.
+# Usage: flink/bench.sh [--quick] [--state-only | --job-only | --async-only] [--cases=LIST]
+#                       [JMH benchmark regex]
+#   --cases=LIST: the asynchronous job's cases (default memory,disk; disk-pagecache is the disk
+#                 case with RocksDB and ForSt reading through the page cache, not judged).
+# Results: flink/target/bench/{state.json,state.txt,job.json,async.json,async.svg} and a summary
+# on stdout.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=0 state=1 job=1 async=1 regex=""
+quick=0 state=1 job=1 async=1 regex="" cases=()
 for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --state-only) job=0 async=0 ;;
         --job-only) state=0 async=0 ;;
         --async-only) state=0 job=0 ;;
+        --cases=*) cases=(--cases "${a#--cases=}") ;;
         -*) echo "unknown option $a" >&2; exit 2 ;;
         *) regex="$a" ;;
     esac
@@ -50,5 +55,6 @@ if [ "$async" = 1 ]; then
     q=()
     if [ "$quick" = 1 ]; then q=(--quick); fi
     # shellcheck disable=SC2086
-    java $opens $props -Xmx4g -cp "$cp" io.stator.flink.bench.AsyncJobBenchmark "${q[@]}" --json "$out/async.json"
+    java $opens $props -Xmx4g -cp "$cp" io.stator.flink.bench.AsyncJobBenchmark "${q[@]}" "${cases[@]}" --json "$out/async.json"
+    python3 "$root/flink/async-plot.py" "$out/async.json" "$out/async.svg"
 fi
