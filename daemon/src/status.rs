@@ -542,6 +542,7 @@ fn remote_status(t: &TierStats, live: Option<&RemoteStats>) -> RemoteStatus {
         refetched: t.refetched,
         uploads_failed: t.uploads_failed,
         deletes_failed: t.deletes_failed,
+        eager_uploads: t.eager_uploads,
         last_error: t.last_error.clone(),
         gets: get(|s| &s.gets),
         gets_in_flight: get(|s| &s.gets_in_flight),

@@ -193,6 +193,9 @@ pub struct RemoteStatus {
     pub refetched: u64,
     pub uploads_failed: u64,
     pub deletes_failed: u64,
+    /// Uploads eviction started to make room: segments no checkpoint had
+    /// uploaded yet, when they alone passed the local cache's budget.
+    pub eager_uploads: u64,
     /// The last remote failure (read, upload, delete, eviction).
     pub last_error: Option<String>,
     /// GETs issued (after coalescing).

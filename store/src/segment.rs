@@ -36,7 +36,9 @@ pub struct Segment {
 
 /// Where a segment's data is, with a remote tier: local (the default), or
 /// remote (evicted from the local disk, or never fetched) except for the
-/// 4 KiB pages fetched since and written back to the local file.
+/// 4 KiB pages fetched since and written back to the local file, or kept
+/// by an eviction because they had been read since the one before
+/// ([`Residency::evict`]).
 #[derive(Debug, Default)]
 pub struct Residency {
     remote: std::cell::Cell<bool>,
@@ -46,6 +48,20 @@ pub struct Residency {
     last_use: std::cell::Cell<u64>,
     /// Pages cached locally while remote (bit per page of the data region).
     local: std::cell::RefCell<Vec<u64>>,
+    /// Pages read since the last eviction (bit per page): an eviction
+    /// keeps those still local, a second chance as in CLOCK.
+    read: std::cell::RefCell<Vec<u64>>,
+}
+
+/// Sets the bits of pages `off..off+len` in `bits`, growing it as needed.
+fn set_pages(bits: &mut Vec<u64>, off: u64, len: usize) {
+    for p in off / Residency::PAGE..(off + len as u64).div_ceil(Residency::PAGE) {
+        let w = (p / 64) as usize;
+        if bits.len() <= w {
+            bits.resize(w + 1, 0);
+        }
+        bits[w] |= 1 << (p % 64);
+    }
 }
 
 impl Residency {
@@ -94,14 +110,73 @@ impl Residency {
 
     /// Bytes `off..off+len` were written back to the local file.
     pub fn mark_local(&self, off: u64, len: usize) {
-        let mut bits = self.local.borrow_mut();
-        for p in off / Self::PAGE..(off + len as u64).div_ceil(Self::PAGE) {
-            let w = (p / 64) as usize;
-            if bits.len() <= w {
-                bits.resize(w + 1, 0);
-            }
-            bits[w] |= 1 << (p % 64);
+        set_pages(&mut self.local.borrow_mut(), off, len);
+    }
+
+    /// Bytes `off..off+len` were read (locally, or fetched and written
+    /// back).
+    #[inline]
+    pub fn mark_read(&self, off: u64, len: usize) {
+        set_pages(&mut self.read.borrow_mut(), off, len);
+    }
+
+    /// The pages below `end` that an eviction now would keep: read since
+    /// the last one and local (every page of a local segment; the cached
+    /// ones of a remote one). Bit per page, as [`Residency::evict`] takes.
+    pub fn keep(&self, end: u64) -> Vec<u64> {
+        let pages = end.div_ceil(Self::PAGE);
+        let words = pages.div_ceil(64) as usize;
+        let read = self.read.borrow();
+        let local = self.local.borrow();
+        let mut keep: Vec<u64> = (0..words)
+            .map(|w| {
+                let r = read.get(w).copied().unwrap_or(0);
+                match self.remote.get() {
+                    true => r & local.get(w).copied().unwrap_or(0),
+                    false => r,
+                }
+            })
+            .collect();
+        if pages % 64 != 0
+            && let Some(last) = keep.last_mut()
+        {
+            *last &= (1u64 << (pages % 64)) - 1;
         }
+        keep
+    }
+
+    /// The data is remote but for the pages of `keep` (bit per page, from
+    /// [`Residency::keep`]), which stay local; reads since are forgotten,
+    /// so a page kept now and not read again goes at the next eviction.
+    pub fn evict(&self, keep: Vec<u64>) {
+        self.set_remote();
+        *self.local.borrow_mut() = keep;
+        self.read.borrow_mut().clear();
+    }
+
+    /// Bytes of pages set in a [`Residency::keep`] bitmap.
+    pub fn kept_bytes(keep: &[u64]) -> u64 {
+        keep.iter().map(|w| w.count_ones() as u64).sum::<u64>() * Self::PAGE
+    }
+
+    /// The ranges below `end` that are not in `keep`: what an eviction
+    /// punches out of the local file.
+    pub fn punched(keep: &[u64], end: u64) -> Vec<std::ops::Range<u64>> {
+        let mut out: Vec<std::ops::Range<u64>> = Vec::new();
+        for p in 0..end.div_ceil(Self::PAGE) {
+            let kept = keep
+                .get((p / 64) as usize)
+                .is_some_and(|w| w & (1 << (p % 64)) != 0);
+            if kept {
+                continue;
+            }
+            let (a, b) = (p * Self::PAGE, ((p + 1) * Self::PAGE).min(end));
+            match out.last_mut() {
+                Some(r) if r.end == a => r.end = b,
+                _ => out.push(a..b),
+            }
+        }
+        out
     }
 
     /// Pages cached locally while remote.

@@ -11,10 +11,15 @@
 //!   remote request). Its blocks are then read by ranged GETs, all of one
 //!   pass submitted together so that the client coalesces neighbours.
 //!   Eviction keeps the segment files under `local_cache_bytes`, least
-//!   recently read first. A hole in the data region is what says "remote"
-//!   after a restart (`SEEK_HOLE`), so eviction needs no journal.
+//!   recently read first, but an evicted file keeps the pages gets read
+//!   since its previous eviction (CLOCK's second chance, per page), so a
+//!   state that is read stays local while one only written goes. Segments
+//!   no checkpoint uploaded yet are uploaded early when they alone pass the
+//!   budget. A hole in the data region is what says "remote" after a
+//!   restart (`SEEK_HOLE`), so eviction needs no journal.
 //! - **Refilling.** What a get fetched is written back into the local file
-//!   while the cache has room, and its pages are read locally from then
+//!   while the cache has room (a fetch that found none makes the next
+//!   eviction pass free some), and its pages are read locally from then
 //!   on (a bitmap per file, an epoch per eviction so a write that races a
 //!   punch marks nothing). A local block that fails its checksum (bit rot,
 //!   or a read that raced a punch) is read from the remote instead, once.
@@ -82,6 +87,9 @@ pub struct TierStats {
     pub writebacks_skipped: u64,
     pub uploads_failed: u64,
     pub deletes_failed: u64,
+    /// Uploads eviction started to make room (segments no checkpoint had
+    /// uploaded yet).
+    pub eager_uploads: u64,
     /// The last remote failure (read, upload, delete, eviction).
     pub last_error: Option<String>,
 }
@@ -91,6 +99,10 @@ type Outcome = (u64, Result<RemoteDone, RemoteError>);
 /// Write-backs in flight at most (a disk does a few tens of thousands of
 /// writes a second; remote reads can arrive faster).
 const MAX_WRITEBACKS: usize = 512;
+
+/// Uploads that eviction starts on its own at most at once (segments no
+/// checkpoint uploaded yet, when they alone pass the local cache's budget).
+const EAGER_UPLOADS: usize = 4;
 
 /// A read the remote serves.
 struct RemoteRead {
@@ -146,6 +158,11 @@ pub(super) struct Tier {
     /// Bytes admitted for write-back since the last eviction pass measured
     /// the disk.
     admitted: u64,
+    /// A fetched block was not written back for lack of room since the
+    /// last eviction pass: the next one makes room (down to 90 %) even
+    /// within the budget, so that blocks read now can replace pages no
+    /// get read since the pass before.
+    room_wanted: bool,
     /// Files whose data region is being punched (by token): nothing is
     /// written back into them meanwhile.
     punching: HashMap<u64, String>,
@@ -426,6 +443,9 @@ impl Tier {
                         if busy {
                             self.stats.writebacks_skipped += 1;
                         }
+                        if !room && Tag::of(t) == Some(Tag::Fetch) {
+                            self.room_wanted = true;
+                        }
                         if room
                             && !busy
                             && Tag::of(t) == Some(Tag::Fetch)
@@ -617,6 +637,7 @@ pub(super) fn prepare(
         wfds: HashMap::new(),
         punching: HashMap::new(),
         admitted: 0,
+        room_wanted: false,
         tick: 0,
         next_evict: Instant::now(),
         scanning: false,
@@ -919,14 +940,19 @@ impl<I: Io> Store<I> {
 
     /// Evicts the least recently read segments durable remotely while the
     /// local files (as a scan found them) pass the budget, down to 90% of
-    /// it.
+    /// it. An evicted segment keeps the pages read since its last eviction
+    /// (a second chance, as in CLOCK): a state that is read stays local
+    /// while one only written goes, whatever segments they share. Only
+    /// when those pages alone pass the budget do they go too, least
+    /// recently read segments first.
     fn evict_from(&mut self, files: Vec<LocalFile>) {
         let tier = self.tier.as_mut().expect("evicting with a tier");
         let budget = tier.cfg.local_cache_bytes.unwrap_or(u64::MAX);
         let mut used: u64 = files.iter().map(|f| f.disk_bytes).sum();
         tier.stats.local_cache_bytes = used;
         tier.admitted = 0;
-        if used <= budget {
+        let target = budget / 10 * 9;
+        if used <= budget && !(std::mem::take(&mut tier.room_wanted) && used > target) {
             return;
         }
         // Compaction and export inputs stay whole while they are read (a
@@ -959,7 +985,16 @@ impl<I: Io> Store<I> {
         // A file already remote is a candidate again when it holds more
         // than its metadata: pages written back since (or a write that
         // landed after its punch).
-        let mut candidates: Vec<(u64, String, PathBuf, u64, u64)> = files
+        struct Candidate {
+            last_use: u64,
+            name: String,
+            path: PathBuf,
+            /// Local bytes of its data region (as the scan found them).
+            data_bytes: u64,
+            end: u64,
+            keep: Vec<u64>,
+        }
+        let mut candidates: Vec<Candidate> = files
             .into_iter()
             .filter(|f| {
                 tier.uploaded.contains(&f.name)
@@ -968,33 +1003,87 @@ impl<I: Io> Store<I> {
             })
             .filter_map(|f| {
                 let (end, len) = extent(&f)?;
-                let again = f.disk_bytes > len.saturating_sub(end) + ALIGN as u64;
-                if tier.evicted.contains(&f.name) && !again {
+                let data_bytes = f.disk_bytes.saturating_sub(len.saturating_sub(end));
+                let seg = open(&f.path);
+                let keep = seg.map_or_else(Vec::new, |s| s.residency.keep(end));
+                // Already remote and holding no more than what it would
+                // keep: nothing to free.
+                if tier.evicted.contains(&f.name)
+                    && data_bytes <= Residency::kept_bytes(&keep) + ALIGN as u64
+                {
                     return None;
                 }
-                let used = open(&f.path).map_or(0, |s| s.residency.last_use());
-                Some((used, f.name, f.path, f.disk_bytes, end))
+                Some(Candidate {
+                    last_use: seg.map_or(0, |s| s.residency.last_use()),
+                    name: f.name,
+                    path: f.path,
+                    data_bytes,
+                    end,
+                    keep,
+                })
             })
             .collect();
-        candidates.sort();
-        let target = budget / 10 * 9;
+        candidates.sort_by_key(|c| c.last_use);
         let mut victims = Vec::new();
-        for (_, name, path, bytes, end) in candidates {
+        for c in candidates {
             if used <= target {
                 break;
             }
-            used = used.saturating_sub(bytes);
-            victims.push((name, path, end));
+            used = used.saturating_sub(c.data_bytes.saturating_sub(Residency::kept_bytes(&c.keep)));
+            victims.push(c);
         }
-        for (name, path, end) in victims {
-            self.evict(&name, path, end);
+        // The pages read since the last eviction pass the budget alone.
+        for c in &mut victims {
+            if used <= target {
+                break;
+            }
+            used = used.saturating_sub(Residency::kept_bytes(&c.keep));
+            c.keep.clear();
+        }
+        for c in victims {
+            self.evict(&c.name, c.path, c.end, c.keep);
+        }
+        if used > target {
+            self.upload_for_room(used - target);
         }
     }
 
-    /// Makes `name`'s data (up to `end`) remote only: reads go to the
-    /// remote from now on, and its data region is punched out of the local
-    /// file off the shard thread.
-    fn evict(&mut self, name: &str, path: PathBuf, end: u64) {
+    /// Only a segment durable remotely can be evicted, and checkpoints
+    /// upload only what they name: flushes and compactions between two
+    /// checkpoints would hold the local disk past its budget (and squeeze
+    /// out what gets read). Uploads the largest live segments not yet
+    /// remote, enough to cover `excess` bytes, a few at a time; the next
+    /// passes evict them. Their objects go with their files, as a
+    /// checkpoint's do.
+    fn upload_for_room(&mut self, mut excess: u64) {
+        let tier = self.tier.as_mut().expect("evicting with a tier");
+        let mut slots = EAGER_UPLOADS.saturating_sub(tier.uploading.len());
+        let mut live: Vec<&Rc<Segment>> = self
+            .segments
+            .iter()
+            .filter(|s| {
+                !tier.uploaded.contains(&*s.name)
+                    && !tier.uploading.values().any(|n| **n == *s.name)
+            })
+            .collect();
+        live.sort_by_key(|s| std::cmp::Reverse(s.file_len));
+        for s in live {
+            if excess == 0 || slots == 0 {
+                break;
+            }
+            excess = excess.saturating_sub(s.file_len);
+            slots -= 1;
+            tier.stats.eager_uploads += 1;
+            tier.upload(&s.name, s.path.clone());
+        }
+    }
+
+    /// Makes `name`'s data (up to `end`) remote but for the pages of
+    /// `keep` ([`Residency::keep`]): reads of the rest go to the remote
+    /// from now on, and it is punched out of the local file off the shard
+    /// thread.
+    fn evict(&mut self, name: &str, path: PathBuf, end: u64, keep: Vec<u64>) {
+        let punched = Residency::punched(&keep, end);
         for s in self
             .segments
             .iter()
@@ -1002,7 +1091,7 @@ impl<I: Io> Store<I> {
             .chain(&self.awaiting_dir_sync)
             .filter(|s| s.path == path)
         {
-            s.residency.set_remote();
+            s.residency.evict(keep.clone());
         }
         let tier = self.tier.as_mut().expect("evicting with a tier");
         tier.evicted.insert(name.to_string());
@@ -1011,16 +1100,24 @@ impl<I: Io> Store<I> {
         tier.punching.insert(t, name.to_string());
         tier.remote
             .local_task(t, path.display().to_string(), move || {
-                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
-                nix::fcntl::fallocate(
-                    &f,
-                    nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
-                        | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                    0,
-                    end as i64,
-                )
-                .map(|()| RemoteDone::Deleted)
-                .map_err(std::io::Error::from)
+                let f = match std::fs::OpenOptions::new().write(true).open(&path) {
+                    Ok(f) => f,
+                    // Deleted since (a compaction retired it): nothing to punch.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Ok(RemoteDone::Deleted);
+                    }
+                    Err(e) => return Err(e),
+                };
+                for r in punched {
+                    nix::fcntl::fallocate(
+                        &f,
+                        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                        r.start as i64,
+                        (r.end - r.start) as i64,
+                    )?;
+                }
+                Ok(RemoteDone::Deleted)
             });
     }
 
@@ -1085,6 +1182,7 @@ impl<I: Io> Store<I> {
             // Evicted meanwhile: the punch may have gone over it.
             Ok(n) if n == len && residency.is_remote() && residency.epoch() == epoch => {
                 residency.mark_local(off, len);
+                residency.mark_read(off, len);
                 tier.stats.writebacks += 1;
             }
             Ok(_) => {}
@@ -1142,9 +1240,12 @@ impl<I: Io> Reads<'_, I> {
         }
     }
 
-    /// Issues a read of `len` bytes at `off`; `buf` makes the buffer, only
-    /// for a local read (a remote one completes with the bytes as fetched:
-    /// `IoCompletion::remote_block`). Whether the remote tier serves it.
+    /// Issues a get's read of the block of `len` bytes at `off`; `buf`
+    /// makes the buffer, only for a local read (a remote one completes
+    /// with the bytes as fetched: `IoCompletion::remote_block`). Whether
+    /// the remote tier serves it. A local read marks the block read, so
+    /// that eviction keeps it (compaction's and exports' reads, through
+    /// [`Reads::read`], do not).
     pub fn read_block(
         &mut self,
         seg: &Segment,
@@ -1159,6 +1260,9 @@ impl<I: Io> Reads<'_, I> {
                 true
             }
             _ => {
+                if self.tier.is_some() {
+                    seg.residency.mark_read(off, len);
+                }
                 self.local(seg, off, buf(), token);
                 false
             }
