@@ -13,6 +13,7 @@ mod report;
 mod ring;
 #[cfg(feature = "rocksdb")]
 mod rocks;
+mod s3_server;
 mod serve;
 mod store;
 
@@ -51,6 +52,9 @@ enum Suite {
     Load(load::LoadArgs),
     /// The remote tier's fetcher: random ranged GETs against object storage with injected latency, vs. Little's law.
     Remote(remote::RemoteArgs),
+    /// A tool, not a suite: the tests' S3 server with object storage's latency per request.
+    #[command(name = "s3-server")]
+    S3Server(s3_server::S3ServerArgs),
     /// Internal: the peer process of the ring suite.
     #[command(name = "__ring-peer", hide = true)]
     RingPeer(ring::PeerArgs),
@@ -69,5 +73,6 @@ fn main() {
         Suite::Remote(a) => remote::run(a),
         Suite::Load(a) => load::run(a),
         Suite::Statord(a) => serve::daemon_main(a),
+        Suite::S3Server(a) => s3_server::run(a),
     }
 }

@@ -24,12 +24,23 @@ pub struct Server {
 impl Server {
     /// Serves S3 over the directory `root` (bucket [`BUCKET`], credentials
     /// [`KEY`] and [`SECRET`]) on `port` of 127.0.0.1 (0: a free one).
+    #[allow(dead_code)] // the benchmark's server starts delayed
     pub fn start(root: &Path, port: u16) -> Server {
+        Server::start_delayed(root, port, Duration::ZERO, 2)
+    }
+
+    /// [`Server::start`] on `threads` runtime threads, with every request
+    /// held `delay` before it is served: object storage's latency, added
+    /// at the server's door rather than by a [`Proxy`] (whose thread per
+    /// connection and second copy of every byte would cost the benchmark
+    /// that runs beside it more CPU than the server itself).
+    pub fn start_delayed(root: &Path, port: u16, delay: Duration, threads: usize) -> Server {
+        use hyper::service::Service;
         use hyper_util::rt::{TokioExecutor, TokioIo};
         use hyper_util::server::conn::auto::Builder;
         std::fs::create_dir_all(root.join(BUCKET)).unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(threads)
             .thread_name("s3-server")
             .enable_all()
             .build()
@@ -48,8 +59,22 @@ impl Server {
                 let Ok((socket, _)) = listener.accept().await else {
                     continue;
                 };
+                let service = service.clone();
+                let delayed = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let service = service.clone();
+                        async move {
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            // The trait's call (S3Service has an inherent one on
+                            // its own body type).
+                            Service::call(&service, req).await
+                        }
+                    },
+                );
                 let conn = http
-                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .serve_connection(TokioIo::new(socket), delayed)
                     .into_owned();
                 tokio::spawn(async move {
                     let _ = conn.await;
