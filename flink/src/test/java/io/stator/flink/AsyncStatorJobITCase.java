@@ -27,7 +27,8 @@ import static org.assertj.core.api.Assertions.assertThat;
  * Real Flink jobs (MiniCluster) with asynchronous state (State V2, {@code enableAsyncState()}) on
  * Stator's asynchronous backend against a real statord, each compared with the same job on
  * Flink's HashMap backend: every v2 state kind through an injected failure, a rescale 2 -> 3 -> 2
- * from retained checkpoints, and statord killed under the running job.
+ * from retained checkpoints, the same rescale alternating with Stator's synchronous backend, and
+ * statord killed under the running job.
  */
 class AsyncStatorJobITCase {
 
@@ -62,8 +63,15 @@ class AsyncStatorJobITCase {
 
     private static JobClient run(Configuration c, String run, long pauseAt, long failAt, int parallelism)
             throws Exception {
+        return run(c, run, pauseAt, failAt, parallelism, true);
+    }
+
+    /** The job on the asynchronous state API, or with {@code async} false on the synchronous one. */
+    private static JobClient run(
+            Configuration c, String run, long pauseAt, long failAt, int parallelism, boolean async)
+            throws Exception {
         StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(c);
-        AsyncTestJob.build(env, run, RECORDS, pauseAt, failAt, parallelism);
+        AsyncTestJob.build(env, run, RECORDS, pauseAt, failAt, parallelism, async);
         return env.executeAsync(run);
     }
 
@@ -101,6 +109,35 @@ class AsyncStatorJobITCase {
         Configuration c = JobRuns.config(dir, STATOR, statord, run);
         c.set(StateRecoveryOptions.SAVEPOINT_PATH, chk2.toUri().toString());
         run(c, run, -1, -1, 2).getJobExecutionResult().get();
+        assertLikeReference(run);
+    }
+
+    /**
+     * One job's state moves between Stator's two backends through their checkpoints: the
+     * synchronous operator at parallelism 2, restored by the asynchronous one at 3, restored by
+     * the synchronous one at 2 again; the same handles serve both, rescaled each time.
+     */
+    @Test
+    void restoresBetweenTheSynchronousAndAsynchronousBackends() throws Exception {
+        String run = "async-cross";
+        long first = RECORDS / 3;
+        long second = 2 * RECORDS / 3;
+        Configuration a = JobRuns.config(dir, STATOR, statord, run);
+        a.setString(StatorOptions.JOB.key(), "async-cross-test");
+        JobClient sync2 = run(a, run, first, -1, 2, false);
+        JobRuns.awaitProcessed(run, first);
+        Path chk = JobRuns.awaitCheckpoint(dir, run, sync2.getJobID());
+        JobRuns.cancel(sync2);
+        Configuration b = JobRuns.config(dir, STATOR, statord, run);
+        b.setString(StatorOptions.JOB.key(), "async-cross-test");
+        b.set(StateRecoveryOptions.SAVEPOINT_PATH, chk.toUri().toString());
+        JobClient async3 = run(b, run, second, -1, 3, true);
+        JobRuns.awaitProcessed(run, second);
+        Path chk2 = JobRuns.awaitCheckpoint(dir, run, async3.getJobID());
+        JobRuns.cancel(async3);
+        Configuration c = JobRuns.config(dir, STATOR, statord, run);
+        c.set(StateRecoveryOptions.SAVEPOINT_PATH, chk2.toUri().toString());
+        run(c, run, -1, -1, 2, false).getJobExecutionResult().get();
         assertLikeReference(run);
     }
 

@@ -15,6 +15,7 @@ import org.apache.flink.api.common.state.v2.ValueStateDescriptor;
 import org.apache.flink.api.common.typeinfo.Types;
 import org.apache.flink.core.state.StateFutureUtils;
 import org.apache.flink.streaming.api.datastream.DataStream;
+import org.apache.flink.streaming.api.datastream.KeyedStream;
 import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.util.Collector;
@@ -39,11 +40,27 @@ public final class AsyncTestJob {
     /** As {@link TestJob#build}, with the asynchronous operator only. */
     public static void build(
             StreamExecutionEnvironment env, String run, long end, long pauseAt, long failAt, int parallelism) {
+        build(env, run, end, pauseAt, failAt, parallelism, true);
+    }
+
+    /**
+     * {@link #build(StreamExecutionEnvironment, String, long, long, long, int)}, or with {@code
+     * async} false the same job on the synchronous state API: {@link TestJob}'s operator, with the
+     * same states, timers and prints, under the same uid, so that either restores the other's
+     * checkpoints.
+     */
+    public static void build(
+            StreamExecutionEnvironment env,
+            String run,
+            long end,
+            long pauseAt,
+            long failAt,
+            int parallelism,
+            boolean async) {
         TestJob.LATEST.putIfAbsent(run, new ConcurrentHashMap<>());
         DataStream<Long> numbers = TestJob.numbers(env, run, end, pauseAt, failAt);
-        numbers.keyBy(v -> (int) (v % TestJob.KEYS), Types.INT)
-                .enableAsyncState()
-                .process(new AsyncStates())
+        KeyedStream<Long, Integer> keyed = numbers.keyBy(v -> (int) (v % TestJob.KEYS), Types.INT);
+        (async ? keyed.enableAsyncState().process(new AsyncStates()) : keyed.process(new TestJob.AllStates()))
                 .setParallelism(parallelism)
                 .uid("async-states")
                 .addSink(new TestJob.Latest(run))

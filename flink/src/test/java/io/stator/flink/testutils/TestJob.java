@@ -176,7 +176,7 @@ public final class TestJob {
     }
 
     /** Every keyed state kind, and a timer per record; prints the key's state at every action. */
-    static final class AllStates extends KeyedProcessFunction<Integer, Long, String> {
+    public static final class AllStates extends KeyedProcessFunction<Integer, Long, String> {
         private transient ValueState<Long> sum;
         private transient ValueState<Long> fired;
         private transient ListState<Long> recent;
