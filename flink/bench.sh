@@ -4,11 +4,12 @@
 #      JMH's gc profiler), after apache/flink-benchmarks;
 #   2. the MiniCluster job benchmark (records/s and checkpoint duration at two state sizes);
 #   3. the asynchronous-state (State V2) job benchmark: ForSt, EmbeddedRocksDB and Stator's
-#      asynchronous backend, state in memory and four times the memory budget on disk.
+#      asynchronous backend, state in memory, four times the memory budget on disk, and on
+#      object storage 23 ms away (statord's remote tier on `stator-bench s3-server`).
 # Usage: flink/bench.sh [--quick] [--state-only | --job-only | --async-only] [--cases=LIST]
 #                       [JMH benchmark regex]
-#   --cases=LIST: the asynchronous job's cases (default memory,disk; disk-pagecache is the disk
-#                 case with RocksDB and ForSt reading through the page cache, not judged).
+#   --cases=LIST: the asynchronous job's cases (default memory,disk,remote; disk-pagecache is the
+#                 disk case with RocksDB and ForSt reading through the page cache, not judged).
 # Results: flink/target/bench/{state.json,state.txt,job.json,async.json,async.svg} and a summary
 # on stdout.
 set -euo pipefail
@@ -26,7 +27,7 @@ for a in "$@"; do
     esac
 done
 cd "$root"
-cargo build --release -p stator-jni -p statord
+cargo build --release -p stator-jni -p statord -p stator-bench
 cd flink
 mvn -B -q -ntp test-compile -Dstator.cargo.skip=true
 mvn -B -q -ntp dependency:build-classpath -Dmdep.includeScope=test -Dmdep.outputFile=target/bench.classpath

@@ -174,6 +174,29 @@ public final class JobBenchmark {
             int seconds,
             int checkpoints)
             throws Exception {
+        return measure(mini, c, label, build, keys, seconds, checkpoints, new Phases() {});
+    }
+
+    /** What a benchmark does between {@link #measure}'s phases; nothing by default. */
+    interface Phases {
+        /** Every key was written; the windows start when this returns. */
+        default void loaded(MiniCluster mini, JobID job) throws Exception {}
+
+        /** The windows ended; the checkpoints start when this returns. */
+        default void measured() throws Exception {}
+    }
+
+    /** {@link #measure} with {@code phases} called between its phases. */
+    static Result measure(
+            MiniCluster mini,
+            Configuration c,
+            String label,
+            java.util.function.Consumer<StreamExecutionEnvironment> build,
+            long keys,
+            int seconds,
+            int checkpoints,
+            Phases phases)
+            throws Exception {
         StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(c);
         env.setParallelism(1);
         build.accept(env);
@@ -184,6 +207,9 @@ public final class JobBenchmark {
             while (PROCESSED.get() < keys) {
                 Thread.sleep(10);
             }
+            phases.loaded(mini, job);
+            // Checkpoints a phase took before the windows are not the measured ones.
+            long measuredFrom = System.currentTimeMillis();
             double[] rates = new double[seconds];
             long last = PROCESSED.get();
             long at = System.nanoTime();
@@ -198,6 +224,7 @@ public final class JobBenchmark {
             if (WINDOWS.get()) {
                 System.out.println(label + ", records/s per second: " + Arrays.toString(rates));
             }
+            phases.measured();
             Arrays.sort(rates);
             for (int i = 0; i < checkpoints; i++) {
                 mini.triggerCheckpoint(job).get();
@@ -207,6 +234,9 @@ public final class JobBenchmark {
             List<Long> snapshots = new ArrayList<>();
             long bytes = 0;
             for (AbstractCheckpointStats s : g.getCheckpointStatsSnapshot().getHistory().getCheckpoints()) {
+                if (s.getTriggerTimestamp() < measuredFrom) {
+                    continue;
+                }
                 durations.add(s.getEndToEndDuration());
                 bytes = Math.max(bytes, s.getStateSize());
                 // The backend's own part: the slowest subtask's synchronous + asynchronous phase

@@ -26,6 +26,7 @@ public final class Statord implements AutoCloseable {
     private final Path dir;
     private final List<String> extraArgs;
     private int memoryBudgetMib = 512;
+    private String config;
     private Process process;
 
     public Statord(Path dir, String... extraArgs) {
@@ -45,6 +46,15 @@ public final class Statord implements AutoCloseable {
     /** The daemon's memory budget (default 512 MiB); before {@link #start()}. */
     public Statord memoryBudgetMib(int mib) {
         this.memoryBudgetMib = mib;
+        return this;
+    }
+
+    /**
+     * A configuration file's text (TOML, daemon/README.md) that statord reads with {@code
+     * --config}; the flags this class passes override it. Before {@link #start()}.
+     */
+    public Statord config(String toml) {
+        this.config = toml;
         return this;
     }
 
@@ -75,6 +85,12 @@ public final class Statord implements AutoCloseable {
         cmd.add("1");
         cmd.add("--memory-budget-mib");
         cmd.add(Integer.toString(memoryBudgetMib));
+        if (config != null) {
+            Path file = dir.resolve("statord.toml");
+            Files.writeString(file, config);
+            cmd.add("--config");
+            cmd.add(file.toString());
+        }
         cmd.addAll(extraArgs);
         ProcessBuilder pb = new ProcessBuilder(cmd);
         pb.redirectErrorStream(true);
