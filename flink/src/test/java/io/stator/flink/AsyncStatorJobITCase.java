@@ -90,26 +90,7 @@ class AsyncStatorJobITCase {
 
     @Test
     void rescalesFromRetainedCheckpoints() throws Exception {
-        String run = "async-rescale";
-        long first = RECORDS / 3;
-        long second = 2 * RECORDS / 3;
-        Configuration a = JobRuns.config(dir, STATOR, statord, run);
-        a.setString(StatorOptions.JOB.key(), "async-rescale-test");
-        JobClient p2 = run(a, run, first, -1, 2);
-        JobRuns.awaitProcessed(run, first);
-        Path chk = JobRuns.awaitCheckpoint(dir, run, p2.getJobID());
-        JobRuns.cancel(p2);
-        Configuration b = JobRuns.config(dir, STATOR, statord, run);
-        b.setString(StatorOptions.JOB.key(), "async-rescale-test");
-        b.set(StateRecoveryOptions.SAVEPOINT_PATH, chk.toUri().toString());
-        JobClient p3 = run(b, run, second, -1, 3);
-        JobRuns.awaitProcessed(run, second);
-        Path chk2 = JobRuns.awaitCheckpoint(dir, run, p3.getJobID());
-        JobRuns.cancel(p3);
-        Configuration c = JobRuns.config(dir, STATOR, statord, run);
-        c.set(StateRecoveryOptions.SAVEPOINT_PATH, chk2.toUri().toString());
-        run(c, run, -1, -1, 2).getJobExecutionResult().get();
-        assertLikeReference(run);
+        rescale2To3To2("async-rescale", true, true);
     }
 
     /**
@@ -119,25 +100,34 @@ class AsyncStatorJobITCase {
      */
     @Test
     void restoresBetweenTheSynchronousAndAsynchronousBackends() throws Exception {
-        String run = "async-cross";
+        rescale2To3To2("async-cross", false, true);
+    }
+
+    /**
+     * Runs the job at parallelism 2 (on the asynchronous state API if {@code async2}, else the
+     * synchronous one) to a third of its records, restores it at 3 ({@code async3}) from that
+     * retained checkpoint to two thirds, then at 2 again ({@code async2}, and another statord
+     * tenant) to the end, and compares with the reference.
+     */
+    private static void rescale2To3To2(String run, boolean async2, boolean async3) throws Exception {
         long first = RECORDS / 3;
         long second = 2 * RECORDS / 3;
         Configuration a = JobRuns.config(dir, STATOR, statord, run);
-        a.setString(StatorOptions.JOB.key(), "async-cross-test");
-        JobClient sync2 = run(a, run, first, -1, 2, false);
+        a.setString(StatorOptions.JOB.key(), run + "-test");
+        JobClient p2 = run(a, run, first, -1, 2, async2);
         JobRuns.awaitProcessed(run, first);
-        Path chk = JobRuns.awaitCheckpoint(dir, run, sync2.getJobID());
-        JobRuns.cancel(sync2);
+        Path chk = JobRuns.awaitCheckpoint(dir, run, p2.getJobID());
+        JobRuns.cancel(p2);
         Configuration b = JobRuns.config(dir, STATOR, statord, run);
-        b.setString(StatorOptions.JOB.key(), "async-cross-test");
+        b.setString(StatorOptions.JOB.key(), run + "-test");
         b.set(StateRecoveryOptions.SAVEPOINT_PATH, chk.toUri().toString());
-        JobClient async3 = run(b, run, second, -1, 3, true);
+        JobClient p3 = run(b, run, second, -1, 3, async3);
         JobRuns.awaitProcessed(run, second);
-        Path chk2 = JobRuns.awaitCheckpoint(dir, run, async3.getJobID());
-        JobRuns.cancel(async3);
+        Path chk2 = JobRuns.awaitCheckpoint(dir, run, p3.getJobID());
+        JobRuns.cancel(p3);
         Configuration c = JobRuns.config(dir, STATOR, statord, run);
         c.set(StateRecoveryOptions.SAVEPOINT_PATH, chk2.toUri().toString());
-        run(c, run, -1, -1, 2, false).getJobExecutionResult().get();
+        run(c, run, -1, -1, 2, async2).getJobExecutionResult().get();
         assertLikeReference(run);
     }
 
