@@ -323,6 +323,7 @@ impl Tier {
 
     /// Deletes object `name` if it was uploaded (or once its upload ends).
     pub fn delete(&mut self, name: &str) {
+        self.failed.remove(name);
         if self.uploaded.remove(name) {
             let t = self.token(Tag::TierDelete);
             self.remote.delete(t, name);
@@ -431,8 +432,10 @@ impl Tier {
                     Ok(b) if b.len() == len => {
                         // The local disk keeps what was read while it has
                         // room (a full cache admits again once eviction
-                        // made room: no churn of writes and punches), unless
-                        // the file is being punched or was deleted.
+                        // made room; a fetch that found none asks the next
+                        // pass for some, at most a tenth of the budget a
+                        // pass), unless the file is being punched or was
+                        // deleted.
                         // Only a get's block (compaction's and exports' long
                         // spans are read once), and at most MAX_WRITEBACKS
                         // in flight: beyond, the disk would set the pace.
@@ -952,17 +955,19 @@ impl<I: Io> Store<I> {
         tier.stats.local_cache_bytes = used;
         tier.admitted = 0;
         let target = budget / 10 * 9;
-        if used <= budget && !(std::mem::take(&mut tier.room_wanted) && used > target) {
+        let room_wanted = std::mem::take(&mut tier.room_wanted);
+        if used <= budget && !(room_wanted && used > target) {
             return;
         }
         // Compaction and export inputs stay whole while they are read (a
         // get that races the punch finds a bad checksum and reads the
         // remote instead; a write-back that races it marks nothing).
-        let busy: HashSet<&Path> = self
+        let busy: HashSet<PathBuf> = self
             .compact
             .iter()
             .flat_map(|j| j.inputs.iter().map(|s| s.path.as_path()))
             .chain(self.exports.iter().flat_map(|(_, e)| e.paths()))
+            .map(Path::to_path_buf)
             .collect();
         // (One map, not a scan of the layers per file.)
         let by_path: HashMap<&Path, &Rc<Segment>> = self
@@ -1024,12 +1029,15 @@ impl<I: Io> Store<I> {
             })
             .collect();
         candidates.sort_by_key(|c| c.last_use);
+        // What the kept pages of `c` hold of its local data (a write-back
+        // that landed after the scan may make `keep` the larger).
+        let kept = |c: &Candidate| Residency::kept_bytes(&c.keep).min(c.data_bytes);
         let mut victims = Vec::new();
         for c in candidates {
             if used <= target {
                 break;
             }
-            used = used.saturating_sub(c.data_bytes.saturating_sub(Residency::kept_bytes(&c.keep)));
+            used = used.saturating_sub(c.data_bytes - kept(&c));
             victims.push(c);
         }
         // The pages read since the last eviction pass the budget alone.
@@ -1037,14 +1045,14 @@ impl<I: Io> Store<I> {
             if used <= target {
                 break;
             }
-            used = used.saturating_sub(Residency::kept_bytes(&c.keep));
+            used = used.saturating_sub(kept(c));
             c.keep.clear();
         }
         for c in victims {
             self.evict(&c.name, c.path, c.end, c.keep);
         }
         if used > target {
-            self.upload_for_room(used - target);
+            self.upload_for_room(used - target, &busy);
         }
     }
 
@@ -1054,19 +1062,30 @@ impl<I: Io> Store<I> {
     /// out what gets read). Uploads the largest live segments not yet
     /// remote, enough to cover `excess` bytes, a few at a time; the next
     /// passes evict them. Their objects go with their files, as a
-    /// checkpoint's do.
-    fn upload_for_room(&mut self, mut excess: u64) {
+    /// checkpoint's do. Compaction and export inputs (`busy`: soon
+    /// deleted) are not uploaded, nor a segment whose upload failed (the
+    /// next checkpoint that names it tries again): no upload loop against
+    /// a remote that is down.
+    fn upload_for_room(&mut self, mut excess: u64, busy: &HashSet<PathBuf>) {
         let tier = self.tier.as_mut().expect("evicting with a tier");
         let mut slots = EAGER_UPLOADS.saturating_sub(tier.uploading.len());
         let mut live: Vec<&Rc<Segment>> = self
             .segments
             .iter()
             .filter(|s| {
-                !tier.uploaded.contains(&*s.name)
+                !busy.contains(&s.path)
+                    && !tier.uploaded.contains(&*s.name)
+                    && !tier.failed.contains_key(&*s.name)
                     && !tier.uploading.values().any(|n| **n == *s.name)
             })
             .collect();
-        live.sort_by_key(|s| std::cmp::Reverse(s.file_len));
+        live.sort_by(|a, b| {
+            b.file_len
+                .cmp(&a.file_len)
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        // (A file two layers share is one upload.)
+        live.dedup_by(|a, b| a.name == b.name);
         for s in live {
             if excess == 0 || slots == 0 {
                 break;
