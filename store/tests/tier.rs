@@ -221,6 +221,21 @@ fn disk_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Polls `s` until it has evicted and its directory is within `budget`
+/// (and a scan's slack); fails after 30 s with the tier's counters.
+fn await_within_budget(s: &mut Store<UringIo>, dir: &Path, budget: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        s.poll(|_, _| {});
+        let st = s.stats().remote.unwrap();
+        if st.evictions > 0 && disk_bytes(dir) <= budget + (256 << 10) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never evicted: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Each segment file in `dir` and whether its data has holes (far fewer
 /// bytes on the disk than its length).
 fn sparse_segments(dir: &Path) -> Vec<(String, bool)> {
@@ -354,16 +369,7 @@ fn eviction_keeps_the_local_disk_within_budget() {
         );
     }
     checkpoint(&mut s, spec(1)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        s.poll(|_, _| {});
-        let st = s.stats().remote.unwrap();
-        if st.evictions > 0 && disk_bytes(&dir) <= budget + (256 << 10) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never evicted: {st:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_within_budget(&mut s, &dir, budget);
     check_all(&mut s, 2, 0, KGS - 1);
     assert!(s.stats().remote.unwrap().remote_block_reads > 0);
     drop(s);
@@ -396,16 +402,8 @@ fn segments_no_checkpoint_named_are_uploaded_to_keep_the_budget() {
     let budget = 512 << 10;
     let mut s = open(&dir, &target, "u", Some(budget)).unwrap();
     put_all(&mut s, 4);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        s.poll(|_, _| {});
-        let st = s.stats().remote.unwrap();
-        if st.eager_uploads > 0 && st.evictions > 0 && disk_bytes(&dir) <= budget + (256 << 10) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never made room: {st:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_within_budget(&mut s, &dir, budget);
+    assert!(s.stats().remote.unwrap().eager_uploads > 0);
     assert!(s.checkpoints().is_empty());
     check_all(&mut s, 4, 0, KGS - 1);
     drop(s);

@@ -24,7 +24,6 @@ pub struct Server {
 impl Server {
     /// Serves S3 over the directory `root` (bucket [`BUCKET`], credentials
     /// [`KEY`] and [`SECRET`]) on `port` of 127.0.0.1 (0: a free one).
-    #[allow(dead_code)] // the benchmark's server starts delayed
     pub fn start(root: &Path, port: u16) -> Server {
         Server::start_delayed(root, port, Duration::ZERO, 2)
     }
@@ -62,14 +61,14 @@ impl Server {
                 let service = service.clone();
                 let delayed = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
-                        let service = service.clone();
+                        // The trait's call (S3Service has an inherent one on
+                        // its own body type); its future starts when polled.
+                        let served = Service::call(&service, req);
                         async move {
                             if !delay.is_zero() {
                                 tokio::time::sleep(delay).await;
                             }
-                            // The trait's call (S3Service has an inherent one on
-                            // its own body type).
-                            Service::call(&service, req).await
+                            served.await
                         }
                     },
                 );

@@ -98,6 +98,8 @@ public final class AsyncJobBenchmark {
                 "%-14s %-8s %9s %12s %12s %12s %12s %10s %10s %12s%n",
                 "case", "backend", "keys", "rec/s p50", "rec/s min", "req/s p50", "p99 lat", "ckpt p50", "ckpt max",
                 "remote/rec");
+        // DelayedFileSystem's round trip: the S3 server's delay.
+        System.setProperty("stator.bench.delay-ms", Long.toString(REMOTE_DELAY_MS));
         Path dir = Files.createTempDirectory("stator-async-bench-");
         try {
             for (Case k : cases) {
@@ -106,7 +108,6 @@ public final class AsyncJobBenchmark {
                 }
                 Configuration cluster = new Configuration();
                 cluster.set(TaskManagerOptions.MANAGED_MEMORY_SIZE, MemorySize.ofMebiBytes(k.budgetMib()));
-                System.setProperty("stator.bench.delay-ms", Long.toString(REMOTE_DELAY_MS));
                 try (S3Server s3 = k.remote() ? new S3Server(dir.resolve("s3-" + k.name()), REMOTE_DELAY_MS) : null;
                         Statord statord = new Statord(dir.resolve("statord-" + k.name()))
                                 .memoryBudgetMib(k.budgetMib())
@@ -142,7 +143,7 @@ public final class AsyncJobBenchmark {
                                         DelayedFileSystem.SCHEME + "://" + dir.resolve("forst-primary-" + k.name()));
                                 c.set(ForStOptions.CACHE_SIZE_BASE_LIMIT, MemorySize.ofMebiBytes(k.budgetMib()));
                             }
-                            RemoteReads remote = new RemoteReads(k.remote() ? backend : "", statord);
+                            RemoteReads remote = k.remote() ? new RemoteReads(backend, statord) : null;
                             LATENCY.reset();
                             JobBenchmark.Result r =
                                     JobBenchmark.measure(
@@ -158,13 +159,13 @@ public final class AsyncJobBenchmark {
                                             k.keys(),
                                             seconds,
                                             checkpoints,
-                                            remote);
+                                            remote == null ? JobBenchmark.Phases.NONE : remote);
                             long p99 = LATENCY.percentile(0.99);
                             System.out.printf(
                                     "%-14s %-8s %9d %12.0f %12.0f %12.0f %9.1f us %7d ms %7d ms %12s%n",
                                     k.name(), backend, k.keys(), r.rateP50(), r.rateMin(),
                                     r.rateP50() * REQUESTS_PER_RECORD, p99 / 1e3, r.ckptP50(), r.ckptMax(),
-                                    remote.perRecord().isNaN() ? "-" : String.format("%.3f", remote.perRecord()));
+                                    remote == null ? "-" : String.format("%.3f", remote.perRecord()));
                             if (json != null) {
                                 json.printf(
                                         "{\"suite\":\"flink-async-job\",\"case\":\"%s/%s/keys=%d\",\"ops_per_sec\":%.0f,"
@@ -174,7 +175,7 @@ public final class AsyncJobBenchmark {
                                         k.name(), backend, k.keys(), r.rateP50(), r.rateMin(),
                                         r.rateP50() * REQUESTS_PER_RECORD, LATENCY.percentile(0.5), p99,
                                         LATENCY.percentile(0.999), r.ckptP50(), r.ckptMax(),
-                                        remote.perRecord().isNaN()
+                                        remote == null
                                                 ? ""
                                                 : String.format(",\"remote_reads_per_record\":%.4f", remote.perRecord()));
                             }
@@ -204,14 +205,13 @@ public final class AsyncJobBenchmark {
      * The remote case's phases: after the load, a checkpoint (every file durable remotely) and a
      * pause for statord's eviction (it trims its local cache twice a second); around the windows,
      * the remote reads: statord's ranged GETs, or {@link DelayedFileSystem}'s read round trips.
-     * Nothing for the other cases ({@code backend} empty).
      */
     static final class RemoteReads implements JobBenchmark.Phases {
         private final String backend;
         private final Statord statord;
         private long reads;
         private long records;
-        private Double perRecord = Double.NaN;
+        private double perRecord = Double.NaN;
 
         RemoteReads(String backend, Statord statord) {
             this.backend = backend;
@@ -231,9 +231,6 @@ public final class AsyncJobBenchmark {
 
         @Override
         public void loaded(MiniCluster mini, org.apache.flink.api.common.JobID job) throws Exception {
-            if (backend.isEmpty()) {
-                return;
-            }
             mini.triggerCheckpoint(job).get();
             Thread.sleep(2000);
             reads = count();
@@ -242,12 +239,10 @@ public final class AsyncJobBenchmark {
 
         @Override
         public void measured() throws Exception {
-            if (!backend.isEmpty()) {
-                perRecord = (double) (count() - reads) / (JobBenchmark.PROCESSED.get() - records);
-            }
+            perRecord = (double) (count() - reads) / (JobBenchmark.PROCESSED.get() - records);
         }
 
-        Double perRecord() {
+        double perRecord() {
             return perRecord;
         }
     }

@@ -138,7 +138,7 @@ public final class JobBenchmark {
                 .returns(Types.LONG)
                 .keyBy(v -> v, Types.LONG)
                 .process(new Aggregate())
-                .addSink(new DiscardingSink<>()), keys, seconds, checkpoints);
+                .addSink(new DiscardingSink<>()), keys, seconds, checkpoints, Phases.NONE);
     }
 
     /**
@@ -160,25 +160,11 @@ public final class JobBenchmark {
         return c;
     }
 
-    /**
-     * Runs the job {@code build} makes (parallelism 1) until {@link #PROCESSED} passed {@code
-     * keys}, then measures records/s in one-second windows for {@code seconds}, then takes {@code
-     * checkpoints} checkpoints one at a time.
-     */
-    static Result measure(
-            MiniCluster mini,
-            Configuration c,
-            String label,
-            java.util.function.Consumer<StreamExecutionEnvironment> build,
-            long keys,
-            int seconds,
-            int checkpoints)
-            throws Exception {
-        return measure(mini, c, label, build, keys, seconds, checkpoints, new Phases() {});
-    }
-
     /** What a benchmark does between {@link #measure}'s phases; nothing by default. */
     interface Phases {
+        /** Phases that do nothing. */
+        Phases NONE = new Phases() {};
+
         /** Every key was written; the windows start when this returns. */
         default void loaded(MiniCluster mini, JobID job) throws Exception {}
 
@@ -186,7 +172,11 @@ public final class JobBenchmark {
         default void measured() throws Exception {}
     }
 
-    /** {@link #measure} with {@code phases} called between its phases. */
+    /**
+     * Runs the job {@code build} makes (parallelism 1) until {@link #PROCESSED} passed {@code
+     * keys}, then measures records/s in one-second windows for {@code seconds}, then takes {@code
+     * checkpoints} checkpoints one at a time; {@code phases} runs between those steps.
+     */
     static Result measure(
             MiniCluster mini,
             Configuration c,
