@@ -125,11 +125,18 @@ impl Reuse {
         lock(&self.chunks).len() * CHUNK
     }
 
+    /// Bytes of flushed memtables a helper thread is still clearing (or
+    /// unmapping) on their way here: memory held as surely as a frozen
+    /// memtable's.
+    pub fn incoming_bytes(&self) -> usize {
+        self.incoming.load(Ordering::Relaxed)
+    }
+
     /// Bytes held, and on their way here.
     pub fn bytes(&self) -> usize {
         lock(&self.chunks).len() * CHUNK
             + lock(&self.index).as_ref().map_or(0, |i| i.len() * 8)
-            + self.incoming.load(Ordering::Relaxed)
+            + self.incoming_bytes()
     }
 }
 
@@ -152,10 +159,10 @@ pub fn release(mem: Arc<Memtable>, reuse: &Arc<Reuse>, keep: usize) {
 }
 
 /// Bytes counted in [`Reuse::bytes`] until dropped.
-struct Incoming(Arc<Reuse>, usize);
+pub(crate) struct Incoming(Arc<Reuse>, usize);
 
 impl Incoming {
-    fn new(reuse: &Arc<Reuse>, bytes: usize) -> Incoming {
+    pub(crate) fn new(reuse: &Arc<Reuse>, bytes: usize) -> Incoming {
         reuse.incoming.fetch_add(bytes, Ordering::Relaxed);
         Incoming(reuse.clone(), bytes)
     }

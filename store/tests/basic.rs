@@ -816,8 +816,6 @@ fn a_drain_after_busy_passes_finishes_its_flush() {
 /// only the cache gave way). A budget with room for everything keeps the
 /// configured memtable size.
 #[test]
-#[ignore = "known defect (issue 25): under CPU contention memtables waiting for the \
-            clearing thread pile up past the budget; write_room does not count them"]
 fn memory_stays_in_budget_as_the_state_grows() {
     let dir = tempfile::tempdir().unwrap();
     let mut roomy = StoreConfig::new(dir.path(), 256 << 20);

@@ -225,3 +225,31 @@ impl<I: Io> Store<I> {
             .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::io::SyncIo;
+    use crate::reuse::Incoming;
+    use crate::{Store, StoreConfig};
+
+    /// A flushed memtable a helper thread is still clearing holds its
+    /// memory: writes get that much less room, and the store counts as
+    /// busy so its caller looks again soon rather than sleep a second
+    /// while writes wait (under CPU contention such memtables piled up
+    /// past the budget while writes went on).
+    #[test]
+    fn memtables_being_cleared_take_room_from_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+        cfg.memtable_bytes = Some(8 << 20);
+        let (s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+        let room = s.write_room();
+        assert!(!s.busy());
+        let clearing = Incoming::new(&s.reuse, 4 << 20);
+        assert_eq!(s.write_room(), room - (4 << 20));
+        assert!(s.busy(), "writes wait for the clearing thread");
+        drop(clearing);
+        assert_eq!(s.write_room(), room);
+        assert!(!s.busy());
+    }
+}

@@ -1160,7 +1160,9 @@ impl<I: Io> Store<I> {
     /// time; its chunk being filled and those mapped ahead are held beside
     /// that, and the room leaves them their place in the plan (without it
     /// the memtables passed the plan by those three chunks, a test on a
-    /// 48 MiB budget found). With background work
+    /// 48 MiB budget found). Flushed memtables a helper thread is still
+    /// clearing count until it is done: under CPU contention they piled
+    /// up past the budget while writes went on. With background work
     /// failing (a full disk) it is unbounded: writes go on until the
     /// memtables pass the whole budget and are refused with the failure as
     /// their cause (`check_memory`), rather than wait in silence for as
@@ -1170,7 +1172,7 @@ impl<I: Io> Store<I> {
             return usize::MAX;
         }
         let frozen: usize = self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum();
-        let used = frozen + self.active.written_bytes();
+        let used = frozen + self.reuse.incoming_bytes() + self.active.written_bytes();
         let ahead = (crate::memtable::SPARES_AHEAD + 1) * crate::memtable::CHUNK;
         self.memtable_plan().saturating_sub(used + ahead)
     }
@@ -1274,7 +1276,8 @@ impl<I: Io> Store<I> {
     }
 
     /// Whether background work (flush, compaction, deferred deletes, the
-    /// remote tier's uploads and deletes) is outstanding.
+    /// remote tier's uploads and deletes, flushed memtables being cleared
+    /// for reuse) is outstanding.
     pub fn busy(&self) -> bool {
         self.flush.is_some()
             || self.compact.is_some()
@@ -1283,6 +1286,9 @@ impl<I: Io> Store<I> {
             || !self.awaiting_dir_sync.is_empty()
             || !self.unlinking.is_empty()
             || self.ckpt.markers.outstanding()
+            // Writes wait for these (see `write_room`): a shard that slept
+            // the full second would stall them that long.
+            || self.reuse.incoming_bytes() > 0
             || (self.full_compaction_requested && !self.stopping && self.segments.len() >= 2)
             || self.exports.iter().any(|(_, e)| e.in_flight())
             || self.imports.iter().any(|(_, i)| i.in_flight())
