@@ -399,7 +399,7 @@ impl Reactor {
 
     /// Counts a new connection of `uid` against the caps, or says why
     /// not.
-    fn admit(&self, uid: u32) -> Option<control::Refusal> {
+    fn admit(&self, uid: u32) -> Option<crate::registry::Refusal> {
         let cfg = self.ctx.cfg();
         if !cfg.allows(uid) {
             return Some((
@@ -592,7 +592,7 @@ fn deadline(s: &Slot) -> Option<Instant> {
 /// one is in, `Ok(None)` when the socket has no more for now (or the peer
 /// shut down, `c.eof`), `Err` with the refusal for a frame that cannot
 /// be taken (a bad length, or the peer's end in the middle of one).
-fn read_request(c: &mut Conn) -> Result<Option<Vec<u8>>, control::Refusal> {
+fn read_request(c: &mut Conn) -> Result<Option<Vec<u8>>, crate::registry::Refusal> {
     loop {
         // Only as much as the frame under way needs: the next request
         // stays in the socket until this one is answered.

@@ -16,7 +16,7 @@ use stator_ring::keygroup::key_group_range;
 use stator_store::StoreError;
 
 use crate::config::Config;
-use crate::registry::state_kind;
+use crate::registry::{Refusal, state_kind};
 pub use crate::registry::{Registry, RegistryView};
 use crate::shard::{ShardHandle, ShardMsg};
 
@@ -107,8 +107,6 @@ pub(crate) struct Open {
     /// registry to `session.max_states`).
     names: std::collections::HashSet<String>,
 }
-
-pub(crate) type Refusal = (i32, String);
 
 pub(crate) fn open(
     ctx: &Ctx,

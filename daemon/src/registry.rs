@@ -12,7 +12,10 @@ use serde::{Deserialize, Serialize};
 use stator_ring::control::{kind, status};
 use stator_store::{DroppedStates, StateKind};
 
-use crate::control::Refusal;
+/// A request refused: the control protocol's status (`stator_ring::control::
+/// status`) and a message naming what was refused and why. Defined here, the
+/// lowest of the modules that refuse, so none of them imports another's.
+pub(crate) type Refusal = (i32, String);
 
 /// States the registry holds at most (each new one rewrites the file).
 const MAX_REGISTERED: usize = 1 << 16;
