@@ -34,8 +34,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
-use stator_store::TierStats;
 use stator_store::remote::{GET_BUCKETS, RemoteStats};
+use stator_store::{StallCause, TierStats};
 
 use crate::control::Ctx;
 use crate::metrics::{BUCKETS, OPS, OpSnapshot, ShardReport, bucket_bound_s, op_name};
@@ -961,18 +961,32 @@ impl Collector for Gathered {
             "Compactions completed",
             sum(&|r| r.store.compactions),
         )?;
-        counter(
-            &mut e,
-            "write_stalls",
-            "Times a shard stopped taking requests because its memtables held two memtables' worth while a flush lagged",
-            sum(&|r| r.store.write_stalls),
-        )?;
-        gauge(
-            &mut e,
-            "write_stall_seconds",
-            "Seconds shards spent stalled for flushes (see write_stalls), in all",
-            sum(&|r| r.store.write_stall_time.as_millis() as u64) as f64 / 1000.0,
-        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "write_stalls",
+                "Times a shard stopped taking writes because its memtables held all the memory planned for them, by cause: flush (memtables waiting for their flush) or clearing (flushed memtables waiting for the helper thread that clears them)",
+                None,
+                MetricType::Counter,
+            )?;
+            for c in StallCause::ALL {
+                let n = sum(&|r| r.store.write_stalls_by_cause[c.index()].0);
+                m.encode_family(&[("cause", c.name())])?
+                    .encode_counter::<NoLabelSet, _, u64>(&n, None)?;
+            }
+        }
+        {
+            let mut m = e.encode_descriptor(
+                "write_stall_seconds",
+                "Seconds shards spent with writes stalled (see write_stalls), by cause",
+                None,
+                MetricType::Gauge,
+            )?;
+            for c in StallCause::ALL {
+                let ms = sum(&|r| r.store.write_stalls_by_cause[c.index()].1.as_millis() as u64);
+                m.encode_family(&[("cause", c.name())])?
+                    .encode_gauge(&(ms as f64 / 1000.0))?;
+            }
+        }
         gauge(
             &mut e,
             "checkpoints_retained",
@@ -1095,6 +1109,19 @@ mod tests {
         assert!(body.contains("shard 0 has not moved"), "{body}");
         let (_, m) = get(&c, &b, "/metrics", true);
         assert!(m.contains("stator_shard_up{shard=\"0\"} 0"), "{m}");
+        // Write stalls are reported by cause (none yet).
+        for cause in ["flush", "clearing"] {
+            assert!(
+                m.contains(&format!("stator_write_stalls_total{{cause=\"{cause}\"}} 0")),
+                "{m}"
+            );
+            assert!(
+                m.contains(&format!(
+                    "stator_write_stall_seconds{{cause=\"{cause}\"}} 0"
+                )),
+                "{m}"
+            );
+        }
         // It moves again: healthy.
         c.shards[0].live.beat.store(7, Ordering::Relaxed);
         assert_eq!(get(&c, &b, "/healthz", true).0, StatusCode::OK);

@@ -534,6 +534,10 @@ fn writes_run_out_of_room_while_a_flush_lags_and_get_it_back() {
     let st = s.stats();
     assert_eq!(st.write_stalls, 1);
     assert!(st.write_stall_time > std::time::Duration::ZERO);
+    // Nothing flushed while the room ran out: the memtables waiting for
+    // their flush were the cause, and all of the stall's time is its.
+    let flush = st.write_stalls_by_cause[stator_store::StallCause::Flush.index()];
+    assert_eq!(flush, (1, st.write_stall_time));
     assert!(st.flushes >= 1);
 }
 

@@ -216,9 +216,44 @@ pub struct StoreStats {
     /// (see [`Store::write_headroom`]).
     pub write_stalls: u64,
     pub write_stall_time: Duration,
+    /// The same, by what held the memory when the stall began (indexed
+    /// by [`StallCause::index`]; a stall in progress counts its time so
+    /// far).
+    pub write_stalls_by_cause: [(u64, Duration); StallCause::ALL.len()],
     /// Torn files found at open: kept (something names them) and deleted.
     pub torn_kept: usize,
     pub torn_removed: usize,
+}
+
+/// Why writes stopped (see [`Store::write_headroom`]): what held the
+/// memtables' memory when the room ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallCause {
+    /// Memtables waiting for their flush: flushing is behind the writes.
+    Flush,
+    /// Flushed memtables waiting for the helper thread that clears them
+    /// for reuse (it runs at a lower priority: a busy machine delays it).
+    Clearing,
+}
+
+impl StallCause {
+    pub const ALL: [StallCause; 2] = [StallCause::Flush, StallCause::Clearing];
+
+    /// Its place in [`StoreStats::write_stalls_by_cause`].
+    pub fn index(self) -> usize {
+        match self {
+            StallCause::Flush => 0,
+            StallCause::Clearing => 1,
+        }
+    }
+
+    /// Its name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            StallCause::Flush => "flush",
+            StallCause::Clearing => "clearing",
+        }
+    }
 }
 
 /// [`StoreConfig::retained_checkpoints`] unless set.
@@ -544,7 +579,7 @@ pub struct Store<I: Io> {
     /// Flushed memtables' memory, for the next memtables.
     reuse: Arc<crate::reuse::Reuse>,
     /// Since when writes have been stalled (see `write_headroom`).
-    stalled_since: Option<Instant>,
+    stalled_since: Option<(Instant, StallCause)>,
     /// Unlinks issued and not completed, by serial (see `Store::unlink`).
     unlinking: Vec<(u64, PathBuf)>,
     unlink_serial: u64,
@@ -1122,11 +1157,15 @@ impl<I: Io> Store<I> {
         let headroom = self.headroom();
         match (headroom == 0.0, self.stalled_since) {
             (true, None) => {
-                self.stalled_since = Some(Instant::now());
+                let cause = self.stall_cause();
+                self.stalled_since = Some((Instant::now(), cause));
                 self.stats.write_stalls += 1;
+                self.stats.write_stalls_by_cause[cause.index()].0 += 1;
             }
-            (false, Some(t)) => {
-                self.stats.write_stall_time += t.elapsed();
+            (false, Some((t, cause))) => {
+                let d = t.elapsed();
+                self.stats.write_stall_time += d;
+                self.stats.write_stalls_by_cause[cause.index()].1 += d;
                 self.stalled_since = None;
             }
             _ => {}
@@ -1134,9 +1173,20 @@ impl<I: Io> Store<I> {
         headroom
     }
 
+    /// What holds the memtables' memory now: memtables still to flush, or
+    /// flushed ones still being cleared, whichever holds more.
+    fn stall_cause(&self) -> StallCause {
+        let frozen: usize = self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum();
+        if self.reuse.incoming_bytes() > frozen {
+            StallCause::Clearing
+        } else {
+            StallCause::Flush
+        }
+    }
+
     /// See [`Store::write_headroom`] (without counting stalls).
     fn headroom(&self) -> f64 {
-        if self.frozen.is_empty() {
+        if self.frozen.is_empty() && self.reuse.incoming_bytes() == 0 {
             return 1.0;
         }
         // A memtable holds whole chunks: the plan's room for one.
@@ -1236,8 +1286,9 @@ impl<I: Io> Store<I> {
         s.pending_reads = self.reads.len() + self.iters.len();
         (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
         s.remote = self.tier.as_ref().map(|t| t.stats());
-        if let Some(t) = self.stalled_since {
+        if let Some((t, cause)) = self.stalled_since {
             s.write_stall_time += t.elapsed();
+            s.write_stalls_by_cause[cause.index()].1 += t.elapsed();
         }
         s
     }
