@@ -527,6 +527,12 @@ impl stator_store::io::Io for LagIo {
     fn in_flight(&self) -> usize {
         self.inner.in_flight() + self.held.len() + self.failed.len()
     }
+    fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
+        self.inner.poll_readable(fd, token)
+    }
+    fn take_ready(&mut self, out: &mut Vec<u64>) {
+        self.inner.take_ready(out)
+    }
 }
 
 /// A compaction abandoned on a failed write while an earlier write of it

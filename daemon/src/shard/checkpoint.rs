@@ -9,8 +9,8 @@ pub(super) type Owner<'a> = (&'a [u8], &'a str, &'a str, (u16, u16));
 /// session has been run). `None`: the checkpoint completes later, through
 /// the store's poll.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn checkpoint_op(
-    store: &mut Store<UringIo>,
+pub(super) fn checkpoint_op<I: Io>(
+    store: &mut Store<I>,
     ring: &mut Ring<'_>,
     sqe: &Sqe,
     (owner, job, operator, (lo, hi)): Owner<'_>,

@@ -120,7 +120,7 @@ pub(super) fn completion(ring: &Ring<'_>, p: &Pending, res: Result<Output<'_>, S
     }
 }
 
-impl Shard {
+impl<I: Io> Shard<I> {
     /// Delivers store completions. True if any.
     pub(super) fn reap(&mut self) -> bool {
         let Shard {

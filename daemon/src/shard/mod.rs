@@ -37,7 +37,7 @@ use stator_ring::sqe::{CANCEL_SNAPSHOT, SegRange, iter_mode, sqe_flags};
 use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
 use stator_shm::Segment;
 use stator_shm::ShmView;
-use stator_store::io::UringIo;
+use stator_store::io::{Io, UringIo};
 use stator_store::snapshot::{CHUNK_LEN, ChunkSlot, HEADER_LEN, StateDesc};
 use stator_store::{
     CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, IterMode, KeyRef, Notify, Op, Output,
@@ -318,9 +318,9 @@ const PREFETCH_AHEAD: usize = 8;
 /// the shard's scratch memory whatever sizes clients name.
 const BATCH_BYTES: usize = 8 << 20;
 
-pub struct Shard {
+pub struct Shard<I: Io = UringIo> {
     id: usize,
-    store: Store<UringIo>,
+    store: Store<I>,
     /// Taken only to register the new state names an import brings.
     registry: Arc<Mutex<Registry>>,
     /// What checkpoints and snapshots read, without the registry's lock.
@@ -394,15 +394,15 @@ impl StoreWait {
     }
 }
 
-impl Shard {
+impl<I: Io> Shard<I> {
     pub fn new(
         id: usize,
-        store: Store<UringIo>,
+        store: Store<I>,
         rx: Receiver<ShardMsg>,
         bell: Arc<Doorbell>,
         (spin, batch): (Duration, u32),
         registry: Arc<Mutex<Registry>>,
-    ) -> Shard {
+    ) -> Shard<I> {
         let remote_bell = store.remote_fd().and_then(|f| f.try_clone_to_owned().ok());
         let view = registry.lock().unwrap_or_else(|p| p.into_inner()).view();
         Shard {
@@ -435,7 +435,7 @@ impl Shard {
     }
 
     /// Publishes liveness and counters into `live` while it runs.
-    pub fn with_live(mut self, live: Arc<Live>) -> Shard {
+    pub fn with_live(mut self, live: Arc<Live>) -> Shard<I> {
         self.live = live;
         self
     }
@@ -726,7 +726,7 @@ impl Shard {
         // A wait that is over is work: the store changed in this pass
         // (compaction merged layers, an export or import ended) after the
         // waiting session was looked at.
-        let still = |w: StoreWait, store: &Store<UringIo>| match w {
+        let still = |w: StoreWait, store: &Store<I>| match w {
             StoreWait::Compaction => store.checkpoint_should_wait(),
             StoreWait::Export => store.export_should_wait(),
             StoreWait::Import => store.import_should_wait(),

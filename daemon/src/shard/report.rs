@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Shard {
+impl<I: Io> Shard<I> {
     /// Rebuilds the report if asked to, or if it is [`REPORT_EVERY`] old.
     pub(super) fn maybe_report(&mut self, now: Instant, reported: &mut Instant) {
         let age = now.duration_since(*reported);

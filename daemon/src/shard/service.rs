@@ -9,8 +9,8 @@ use super::*;
 /// store and pushes the completions of those answered at once; the others
 /// complete through [`Shard::reap`]. Leaves the batch empty.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn run_batch(
-    store: &mut Store<UringIo>,
+pub(super) fn run_batch<I: Io>(
+    store: &mut Store<I>,
     ring: &mut Ring<'_>,
     pending: &mut Slab<Pending>,
     (sid, t0): (u64, Instant),
@@ -81,7 +81,7 @@ pub(super) fn immediate(sqe: &Sqe) -> Cqe {
     }
 }
 
-impl Shard {
+impl<I: Io> Shard<I> {
     /// Takes up to one batch of descriptors from session `slot` and runs
     /// them. True if anything was taken.
     pub(super) fn service(&mut self, slot: usize) -> bool {

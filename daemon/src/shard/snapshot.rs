@@ -72,8 +72,8 @@ pub(super) fn end_export(
 
 /// `SnapshotExport`, `ChunkRelease` and `SnapshotImport` (every earlier
 /// request of the session has been run). `None`: completes later.
-pub(super) fn snapshot_op(
-    store: &mut Store<UringIo>,
+pub(super) fn snapshot_op<I: Io>(
+    store: &mut Store<I>,
     ring: &mut Ring<'_>,
     sqe: &Sqe,
     (owner, job, operator, (lo, hi)): Owner<'_>,
@@ -275,7 +275,7 @@ pub(super) fn wire_kind(k: StateKind) -> u8 {
     }
 }
 
-impl Shard {
+impl<I: Io> Shard<I> {
     /// Fills the slots clients released to their exports, a bounded step
     /// each, and gives back import chunks held while the disk caught up.
     /// True if a step made progress without waiting.

@@ -265,4 +265,12 @@ impl<I: Io> Io for FaultIo<I> {
     fn in_flight(&self) -> usize {
         self.inner.in_flight() + self.done.len() + self.held_unlinks.as_ref().map_or(0, Vec::len)
     }
+
+    fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
+        self.inner.poll_readable(fd, token);
+    }
+
+    fn take_ready(&mut self, out: &mut Vec<u64>) {
+        self.inner.take_ready(out);
+    }
 }

@@ -122,6 +122,15 @@ pub trait Io {
     fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()>;
     /// Operations submitted and not yet reaped.
     fn in_flight(&self) -> usize;
+    /// Arms a one-shot wait for `fd` to become readable, so that one
+    /// [`Io::wait`] covers disk completions and, say, a client's doorbell
+    /// eventfd (a shard sleeps so). When it fires, `token` comes out of
+    /// [`Io::take_ready`] (never out of `reap`). The caller keeps `fd` open
+    /// until then; to disarm, make the fd readable (ring the eventfd) and
+    /// ignore the token.
+    fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64);
+    /// Moves the tokens of armed fds that became readable into `out`.
+    fn take_ready(&mut self, out: &mut Vec<u64>);
     /// A hint: fault in the pages of `addr..addr+len` (memory this process
     /// mapped) before they are used, off the caller's thread where the
     /// implementation can (io_uring runs it in a kernel worker). Never
@@ -166,4 +175,64 @@ pub(crate) fn open_file(
         }
     }
     Ok((o.open(path)?, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::time::Instant;
+
+    /// A shard sleeps in `wait` with its sessions' doorbells armed, and
+    /// looks for rung ones between passes: each implementation sees a rung
+    /// doorbell both ways, once per arming.
+    fn a_rung_doorbell_is_seen_by_take_ready_and_by_wait(io: &mut impl Io) {
+        let bell = nix::sys::eventfd::EventFd::new().unwrap();
+        let mut ready = Vec::new();
+        // Seen without a wait (the shard looks between passes)...
+        io.poll_readable(bell.as_fd(), 5);
+        io.submit().unwrap();
+        io.take_ready(&mut ready);
+        assert!(ready.is_empty(), "not rung yet");
+        bell.write(1).unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        while ready.is_empty() {
+            assert!(Instant::now() < end, "doorbell not seen");
+            io.take_ready(&mut ready);
+        }
+        assert_eq!(ready, [5]);
+        // Once: still readable, but no longer armed.
+        ready.clear();
+        io.take_ready(&mut ready);
+        assert!(ready.is_empty(), "fired twice");
+        bell.read().unwrap();
+        // ...and a wait returns for it, long before its timeout.
+        io.poll_readable(bell.as_fd(), 6);
+        io.submit().unwrap();
+        bell.write(1).unwrap();
+        let t = Instant::now();
+        while ready.is_empty() {
+            assert!(Instant::now() < end, "doorbell not seen");
+            io.wait(Some(Duration::from_secs(30))).unwrap();
+            io.take_ready(&mut ready);
+        }
+        assert!(t.elapsed() < Duration::from_secs(25), "the wait ran out");
+        assert_eq!(ready, [6]);
+    }
+
+    #[test]
+    fn io_uring_sees_a_rung_doorbell() {
+        a_rung_doorbell_is_seen_by_take_ready_and_by_wait(&mut UringIo::new(64, true).unwrap());
+    }
+
+    #[test]
+    fn sync_io_sees_a_rung_doorbell() {
+        a_rung_doorbell_is_seen_by_take_ready_and_by_wait(&mut SyncIo::new(false));
+    }
+
+    #[test]
+    fn fault_io_sees_a_rung_doorbell() {
+        let mut io = FaultIo::new(SyncIo::new(false), None);
+        a_rung_doorbell_is_seen_by_take_ready_and_by_wait(&mut io);
+    }
 }

@@ -1,13 +1,17 @@
 //! Plain `pread`/`pwrite`/`fsync`: each operation runs when submitted and
 //! its completion waits in a queue. The reference implementation the other
 //! two are tested against, and the fallback where io_uring is unavailable.
+//! Armed fds are watched with `poll(2)` in [`Io::wait`] and
+//! [`Io::take_ready`].
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use slab::Slab;
 
 use super::{FileId, Io, IoCompletion, IoResult, OpenMode, errno_of, open_file};
@@ -18,6 +22,10 @@ pub struct SyncIo {
     files: Slab<(File, bool)>,
     done: VecDeque<IoCompletion>,
     direct: bool,
+    /// Fds armed by [`Io::poll_readable`] (each kept open by the caller
+    /// until its token is taken), and the tokens of those seen readable.
+    armed: Vec<(RawFd, u64)>,
+    ready: Vec<u64>,
 }
 
 impl SyncIo {
@@ -27,7 +35,46 @@ impl SyncIo {
             files: Slab::new(),
             done: VecDeque::new(),
             direct,
+            armed: Vec::new(),
+            ready: Vec::new(),
         }
+    }
+
+    /// Waits up to `timeout` for an armed fd to become readable, and moves
+    /// the tokens of those that are to `ready` (they fire once).
+    fn poll_armed(&mut self, timeout: PollTimeout) -> IoResult<()> {
+        if self.armed.is_empty() {
+            return Ok(());
+        }
+        let mut fds: Vec<PollFd<'_>> = self
+            .armed
+            .iter()
+            .map(|&(fd, _)| {
+                // SAFETY: `Io::poll_readable`'s contract: the caller keeps
+                // the fd open until its token comes out of `take_ready`,
+                // and these are the fds whose tokens have not.
+                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+                PollFd::new(fd, PollFlags::POLLIN)
+            })
+            .collect();
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fired: Vec<bool> = fds
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        let mut fired = fired.into_iter();
+        let ready = &mut self.ready;
+        self.armed.retain(|&(_, token)| {
+            let f = fired.next().unwrap_or(false);
+            if f {
+                ready.push(token);
+            }
+            !f
+        });
+        Ok(())
     }
 
     fn file(&self, f: FileId) -> Option<&File> {
@@ -128,10 +175,19 @@ impl Io for SyncIo {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()> {
+        if !self.done.is_empty() || !self.ready.is_empty() {
+            return Ok(());
+        }
+        if !self.armed.is_empty() {
+            // Operations complete at submission: only an armed fd can end
+            // the wait early.
+            let t = timeout.map_or(PollTimeout::NONE, |t| {
+                PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX)
+            });
+            return self.poll_armed(t);
+        }
         // Everything completes at submission; nothing to wait for but time.
-        if self.done.is_empty()
-            && let Some(t) = timeout
-        {
+        if let Some(t) = timeout {
             std::thread::sleep(t.min(Duration::from_millis(1)));
         }
         Ok(())
@@ -139,5 +195,15 @@ impl Io for SyncIo {
 
     fn in_flight(&self) -> usize {
         self.done.len()
+    }
+
+    fn poll_readable(&mut self, fd: BorrowedFd<'_>, token: u64) {
+        self.armed.push((fd.as_raw_fd(), token));
+    }
+
+    fn take_ready(&mut self, out: &mut Vec<u64>) {
+        // A failed poll leaves them armed: the next look tries again.
+        let _ = self.poll_armed(PollTimeout::ZERO);
+        out.append(&mut self.ready);
     }
 }

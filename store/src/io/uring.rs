@@ -179,28 +179,6 @@ impl UringIo {
         }
     }
 
-    /// Arms a one-shot wait for `fd` to become readable, so that one
-    /// [`Io::wait`] covers disk completions and, say, a client's doorbell
-    /// eventfd. When it fires, `token` comes out of [`UringIo::take_ready`]
-    /// (never out of `reap`). The caller keeps `fd` open until then; to
-    /// disarm, make the fd readable (ring the eventfd) and ignore the token.
-    pub fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
-        self.enqueue(Op {
-            token,
-            kind: Kind::Poll(fd.as_raw_fd()),
-            file: FileId::MAX,
-            offset: 0,
-            buf: None,
-            done: 0,
-        });
-    }
-
-    /// Moves the tokens of fds that became readable into `out`.
-    pub fn take_ready(&mut self, out: &mut Vec<u64>) {
-        self.drain_cq();
-        out.append(&mut self.ready);
-    }
-
     /// Pushes op `idx` (its remaining part) to the SQ; false when full.
     fn push(&mut self, idx: usize) -> bool {
         let op = &mut self.ops[idx];
@@ -592,6 +570,22 @@ impl Io for UringIo {
         self.ops.len() + self.done.len()
     }
 
+    fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
+        self.enqueue(Op {
+            token,
+            kind: Kind::Poll(fd.as_raw_fd()),
+            file: FileId::MAX,
+            offset: 0,
+            buf: None,
+            done: 0,
+        });
+    }
+
+    fn take_ready(&mut self, out: &mut Vec<u64>) {
+        self.drain_cq();
+        out.append(&mut self.ready);
+    }
+
     fn prefault(&mut self, addr: usize, len: usize) {
         self.enqueue(Op {
             token: 0,
@@ -670,35 +664,6 @@ mod tests {
         io.read(f, 4096, AlignedBuf::zeroed(4096), 7);
         let got = collect(&mut io, 1, false);
         assert_eq!((got[0].token, got[0].result), (7, Ok(4096)));
-    }
-
-    #[test]
-    fn a_rung_doorbell_is_seen_by_take_ready_and_by_wait() {
-        let bell = nix::sys::eventfd::EventFd::new().unwrap();
-        let mut io = UringIo::new(64, true).unwrap();
-        let mut ready = Vec::new();
-        // Seen without a wait (the shard looks between passes)...
-        io.poll_readable(bell.as_fd(), 5);
-        io.submit().unwrap();
-        bell.write(1).unwrap();
-        let end = Instant::now() + Duration::from_secs(20);
-        while ready.is_empty() {
-            assert!(Instant::now() < end, "doorbell not seen");
-            io.take_ready(&mut ready);
-        }
-        assert_eq!(ready, [5]);
-        bell.read().unwrap();
-        // ...and a wait returns for it.
-        ready.clear();
-        io.poll_readable(bell.as_fd(), 6);
-        io.submit().unwrap();
-        bell.write(1).unwrap();
-        while ready.is_empty() {
-            assert!(Instant::now() < end, "doorbell not seen");
-            io.wait(Some(Duration::from_secs(5))).unwrap();
-            io.take_ready(&mut ready);
-        }
-        assert_eq!(ready, [6]);
     }
 
     #[test]
