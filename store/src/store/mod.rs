@@ -821,6 +821,17 @@ impl<I: Io> Store<I> {
             }
         }
         found.sort();
+        // New segments take orders above every name seen here, damaged
+        // files' too: a name is never given to a second file.
+        let seen_order = found
+            .iter()
+            .map(|(o, _, _)| *o)
+            .chain(
+                torn.iter()
+                    .filter_map(|(_, was, _, _)| segment::parse_file_name(was).map(|(o, _)| o)),
+            )
+            .max()
+            .unwrap_or(0);
         let mut segs: Vec<Segment> = Vec::new();
         let mut next_id = 1u64;
         for (_, _, path) in found {
@@ -882,10 +893,14 @@ impl<I: Io> Store<I> {
         // Restart=on-failure would leak a segment's worth of disk, but only
         // where a write a crash cut off can be: newer than every complete
         // segment (a flush), or a compaction's output whose newest input
-        // is still there. One something names (which then fails clearly),
-        // a corrupt one (complete, with a bad checksum: evidence of the
-        // disk), and one of the right shape in the wrong place (a complete
-        // segment whose footer was damaged looks cut off) are set aside.
+        // is still there. One something names stays where it is: what
+        // names it fails clearly while it reads damaged, and finds it again
+        // if it reads sound at a later open (a read error need not last;
+        // set aside, a passing fault would fail that open for good, as a
+        // seeded simulation of the daemon found). A corrupt one (complete,
+        // with a bad checksum: evidence of the disk) and one of the right
+        // shape in the wrong place (a complete segment whose footer was
+        // damaged looks cut off) are set aside.
         let newest = segs.iter().map(|s| s.footer.order).max();
         let in_flight = |was: &str| {
             segment::parse_file_name(was).is_some_and(|(o, g)| {
@@ -901,7 +916,7 @@ impl<I: Io> Store<I> {
             if incomplete && !named && in_flight(&was) {
                 let _ = std::fs::remove_file(&path);
                 report.torn_removed.push((path, why));
-            } else if path.file_name().is_some_and(|n| *n == *was) {
+            } else if path.file_name().is_some_and(|n| *n == *was) && !named {
                 let mut aside = path.with_extension("torn");
                 let mut n = 1;
                 while aside.exists() {
@@ -1006,6 +1021,7 @@ impl<I: Io> Store<I> {
             .iter()
             .map(|s| s.footer.order + 1)
             .chain(superseded_kept.iter().map(|f| f.order + 1))
+            .chain(std::iter::once(seen_order + 1))
             .max()
             .unwrap_or(1);
         if rewrite {
