@@ -5,7 +5,7 @@
 //! for futures see [`crate::AsyncSession`].
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -496,7 +496,7 @@ impl Session {
         sock.write_all(&frame).map_err(Error::gone)?;
         // The response carries the fds; it is small and arrives whole.
         let mut buf = vec![0u8; control::MAX_FRAME + 4];
-        let (n, mut fds) = recv_fds(&sock, &mut buf).map_err(io_err)?;
+        let (n, fds) = recv_fds(&sock, &mut buf).map_err(io_err)?;
         if n < 4 {
             return Err(Error::gone("the daemon closed the control socket"));
         }
@@ -518,15 +518,28 @@ impl Session {
             } => (session, (key_group_lo, key_group_hi)),
             other => return Err(refused(other)),
         };
-        if fds.len() != 3 {
-            return Err(Error::Protocol(format!(
-                "expected 3 fds with Opened, got {}",
-                fds.len()
-            )));
-        }
-        let to_client = Doorbell::from_fd(fds.pop().expect("3 fds"));
-        let to_daemon = Doorbell::from_fd(fds.pop().expect("3 fds"));
-        let seg = Segment::attach(fds.pop().expect("3 fds")).map_err(io_err)?;
+        let fds: [OwnedFd; 3] = fds.try_into().map_err(|fds: Vec<OwnedFd>| {
+            Error::Protocol(format!("expected 3 fds with Opened, got {}", fds.len()))
+        })?;
+        Session::attach(sock, fds, id, key_groups, o)
+    }
+
+    /// A session whose `Open` was answered on `sock` already: `fds` are
+    /// what the `Opened` response carried (the segment, the doorbell to the
+    /// daemon, the doorbell to the client, in that order), `id` and
+    /// `key_groups` its session id and key groups. [`Session::open`] ends
+    /// here; a process that runs the daemon's shard itself (a simulator
+    /// driving it deterministically) hands its clients sessions so.
+    pub fn attach(
+        sock: UnixStream,
+        [memfd, to_daemon, to_client]: [OwnedFd; 3],
+        id: u64,
+        key_groups: (u16, u16),
+        o: &OpenOptions,
+    ) -> Result<Session, Error> {
+        let to_client = Doorbell::from_fd(to_client);
+        let to_daemon = Doorbell::from_fd(to_daemon);
+        let seg = Segment::attach(memfd).map_err(io_err)?;
         let mem = Mem::try_new(seg, |s| ClientRing::attach(s.view())).map_err(io_err)?;
         let arena_len = mem.borrow_dependent().layout().arena.len;
         let chunk_slots = (mem.borrow_dependent().layout().chunk_len / CHUNK_SLOT_LEN) as u32;
@@ -542,7 +555,7 @@ impl Session {
             read_capacity: o.read_capacity.max(64),
             spin: o.spin,
             dead: None,
-            frame,
+            frame: Vec::new(),
             scratch: Vec::new(),
             held: vec![false; chunk_slots as usize],
             reserved: Slab::new(),

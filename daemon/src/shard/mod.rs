@@ -479,6 +479,28 @@ impl<I: Io> Shard<I> {
         }
     }
 
+    /// One turn of [`Shard::run`]'s loop without its spins and sleeps:
+    /// control messages, then a pass over the work at hand. Whether
+    /// anything moved (false also once a `Shutdown` came: see
+    /// [`Shard::stopping`]). For a caller that drives the shard itself,
+    /// as the simulator (`tests/sim.rs`) does from one thread.
+    pub fn step(&mut self) -> bool {
+        self.control();
+        !self.stopping && self.pass()
+    }
+
+    /// Whether a `Shutdown` (or the control side's end) came.
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// Stops as on `Shutdown`: answers what is in flight and flushes the
+    /// store (see [`Shard::run`]).
+    pub fn stop(mut self) -> ShardStats {
+        self.finish();
+        self.stats
+    }
+
     /// One pass over the work at hand: every session's queue, the
     /// store's completions, the snapshots, then the completions published.
     /// Whether anything moved.
