@@ -7,6 +7,18 @@
 //! Work that must keep pace with writes (a flush's sort) runs on the
 //! shard in bounded steps instead (see `crate::sorted`).
 
+/// Runs `f` on a helper thread (see [`spawn`]), or here at once while the
+/// clock is simulated (`crate::clock`: a simulation's run must not depend
+/// on when another thread gets to it). If no thread starts, `f` is dropped
+/// unrun, and what it holds is freed here.
+pub fn hand_off(name: &str, f: impl FnOnce() + Send + 'static) {
+    if crate::clock::simulated() {
+        f();
+    } else {
+        let _ = spawn(name, f);
+    }
+}
+
 /// Runs `f` on a new thread named `name` at nice 10. False if no thread
 /// could be started (the caller then does the work itself, or not at
 /// all).

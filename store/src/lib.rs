@@ -32,6 +32,7 @@
 pub mod aligned;
 pub mod bloom;
 pub mod cache;
+pub mod clock;
 pub mod dropped;
 pub mod error;
 pub mod format;

@@ -64,11 +64,13 @@ impl Pacer {
             // Free after a quiet spell, or at once while something presses
             // (writes short of room, a checkpoint waiting): see the module
             // doc.
-            self.unpaced =
-                share > BASE_SHARE || self.last_busy.is_none_or(|t| t.elapsed() >= QUIET);
+            self.unpaced = share > BASE_SHARE
+                || self
+                    .last_busy
+                    .is_none_or(|t| crate::clock::elapsed(t) >= QUIET);
         } else {
             self.unpaced = false;
-            self.last_busy = Some(Instant::now());
+            self.last_busy = Some(crate::clock::now());
         }
         // Short even while the room falls: full steps between
         // one-at-a-time requests cut such a caller's rate to a tenth (a

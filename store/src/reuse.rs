@@ -117,7 +117,7 @@ impl Reuse {
             }
             kept.split_off(max_chunks)
         };
-        let _ = crate::helper::spawn("stator-release", move || drop(extra));
+        crate::helper::hand_off("stator-release", move || drop(extra));
     }
 
     /// Bytes of log chunks held (what the active memtable grows into).
@@ -150,7 +150,7 @@ pub fn release(mem: Arc<Memtable>, reuse: &Arc<Reuse>, keep: usize) {
     let incoming = Incoming::new(reuse, mem.memory_bytes());
     // If no thread starts, the closure, and the memtable with it, is
     // dropped here.
-    let _ = crate::helper::spawn("stator-release", move || {
+    crate::helper::hand_off("stator-release", move || {
         if let Ok(m) = Arc::try_unwrap(mem) {
             incoming.0.recycle(m, keep);
         }

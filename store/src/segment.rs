@@ -711,12 +711,11 @@ impl SegmentWriter {
     }
 
     fn finish_steps<I: Io>(&mut self, io: &mut I, deadline: Option<std::time::Instant>) -> bool {
-        use std::time::Instant;
         if self.finished {
             return true;
         }
         let until =
-            deadline.unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600));
+            deadline.unwrap_or_else(|| crate::clock::now() + std::time::Duration::from_secs(3600));
         if !self.fill_filter_until(until) {
             return false;
         }
@@ -725,7 +724,7 @@ impl SegmentWriter {
             None => self.start_meta(io),
         };
         loop {
-            if deadline.is_some_and(|d| !self.write_room() || Instant::now() >= d) {
+            if deadline.is_some_and(|d| !self.write_room() || crate::clock::now() >= d) {
                 self.meta = Some(meta);
                 return false;
             }
@@ -985,7 +984,7 @@ impl SegmentWriter {
             if self.fill_filter(256) {
                 return true;
             }
-            if std::time::Instant::now() >= deadline {
+            if crate::clock::now() >= deadline {
                 return false;
             }
         }

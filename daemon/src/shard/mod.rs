@@ -37,6 +37,7 @@ use stator_ring::sqe::{CANCEL_SNAPSHOT, SegRange, iter_mode, sqe_flags};
 use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
 use stator_shm::Segment;
 use stator_shm::ShmView;
+use stator_store::clock;
 use stator_store::io::{Io, UringIo};
 use stator_store::snapshot::{CHUNK_LEN, ChunkSlot, HEADER_LEN, StateDesc};
 use stator_store::{
@@ -506,7 +507,8 @@ impl<I: Io> Shard<I> {
     /// Whether anything moved.
     fn pass(&mut self) -> bool {
         let mut progress = false;
-        let t = Instant::now();
+        // (The store's clock: simulated in tests/sim.rs.)
+        let t = clock::now();
         for slot in 0..self.sessions.capacity() {
             if self.sessions.contains(slot) {
                 progress |= self.service(slot);
@@ -514,7 +516,7 @@ impl<I: Io> Shard<I> {
         }
         // Background steps are paced to the time requests took.
         let busy = if progress {
-            t.elapsed()
+            clock::elapsed(t)
         } else {
             Duration::ZERO
         };
@@ -845,10 +847,10 @@ impl<I: Io> Shard<I> {
         // Answer everything already submitted: take and run batches, and
         // deliver reads from disk, until every queue is empty (or a client
         // that does not reap has left no completion room) or 10 s passed.
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = clock::now() + Duration::from_secs(10);
         loop {
             let progress = self.pass();
-            if Instant::now() >= deadline || (!progress && self.store.pending() == 0) {
+            if clock::now() >= deadline || (!progress && self.store.pending() == 0) {
                 break;
             }
             if !progress {

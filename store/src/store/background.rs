@@ -237,7 +237,7 @@ impl<I: Io> Store<I> {
 
     pub(super) fn background(&mut self) {
         if let Some(at) = self.retry_at {
-            if Instant::now() < at {
+            if crate::clock::now() < at {
                 return;
             }
             self.retry_at = None;
@@ -250,9 +250,9 @@ impl<I: Io> Store<I> {
         }
         // (The clock is read only around a step that runs.)
         if self.flush.is_some() && self.pacer.allows() {
-            let t = Instant::now();
+            let t = crate::clock::now();
             self.step_flush();
-            self.pacer.spent(t.elapsed());
+            self.pacer.spent(crate::clock::elapsed(t));
         }
         // Not while a memtable waits for its flush: its segment may fall
         // between a window's inputs in order (restored layers are newer
@@ -267,9 +267,9 @@ impl<I: Io> Store<I> {
         let flush_pressed =
             self.flush.is_some() && (self.checkpoint_awaits_flush() || self.headroom() < 0.5);
         if self.compact.is_some() && self.pacer.allows() && !flush_pressed {
-            let t = Instant::now();
+            let t = crate::clock::now();
             self.step_compaction();
-            self.pacer.spent(t.elapsed());
+            self.pacer.spent(crate::clock::elapsed(t));
         }
         self.step_checkpoints();
         self.step_markers();
@@ -350,7 +350,7 @@ impl<I: Io> Store<I> {
     pub(super) fn background_failed(&mut self, e: StoreError) {
         self.stats.last_background_error = Some(e);
         self.stats.background_failures += 1;
-        self.retry_at = Some(Instant::now() + self.cfg.retry_delay);
+        self.retry_at = Some(crate::clock::now() + self.cfg.retry_delay);
     }
 
     /// Whether background work can take a step now without waiting for

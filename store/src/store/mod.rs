@@ -1174,12 +1174,12 @@ impl<I: Io> Store<I> {
         match (headroom == 0.0, self.stalled_since) {
             (true, None) => {
                 let cause = self.stall_cause();
-                self.stalled_since = Some((Instant::now(), cause));
+                self.stalled_since = Some((crate::clock::now(), cause));
                 self.stats.write_stalls += 1;
                 self.stats.write_stalls_by_cause[cause.index()].0 += 1;
             }
             (false, Some((t, cause))) => {
-                let d = t.elapsed();
+                let d = crate::clock::elapsed(t);
                 self.stats.write_stall_time += d;
                 self.stats.write_stalls_by_cause[cause.index()].1 += d;
                 self.stalled_since = None;
@@ -1280,10 +1280,10 @@ impl<I: Io> Store<I> {
     /// a Flink job ran at a twentieth of its rate while a flush ran.
     fn step_deadline(&self) -> Instant {
         if self.pacer.idle() {
-            return Instant::now() + self.cfg.background_slice / 40;
+            return crate::clock::now() + self.cfg.background_slice / 40;
         }
         let stretch = 1.0 + 4.0 * (1.0 - self.headroom());
-        Instant::now() + self.cfg.background_slice.mul_f64(stretch)
+        crate::clock::now() + self.cfg.background_slice.mul_f64(stretch)
     }
 
     /// What the block cache may hold: what the budget leaves after the
@@ -1303,8 +1303,9 @@ impl<I: Io> Store<I> {
         (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
         s.remote = self.tier.as_ref().map(|t| t.stats());
         if let Some((t, cause)) = self.stalled_since {
-            s.write_stall_time += t.elapsed();
-            s.write_stalls_by_cause[cause.index()].1 += t.elapsed();
+            let d = crate::clock::elapsed(t);
+            s.write_stall_time += d;
+            s.write_stalls_by_cause[cause.index()].1 += d;
         }
         s
     }
@@ -1418,7 +1419,7 @@ impl BlockCache {
 /// `deadline` (the clock is read every 4 records: a step between requests
 /// is a few microseconds, and 32 records of a merge took 15-30 of them).
 fn out_of_time(i: usize, deadline: Instant) -> bool {
-    i % 4 == 3 && Instant::now() >= deadline
+    i % 4 == 3 && crate::clock::now() >= deadline
 }
 
 /// Whether a compaction output `by` merged a layer of `generation` that
