@@ -2,11 +2,14 @@
 //! fails it (EIO, ENOSPC), tears it (a prefix reaches the disk, then the
 //! "machine dies": every later operation fails and writes nothing), or
 //! flips a bit in the data a read returns (silent corruption the checksums
-//! must catch).
+//! must catch). Besides: fsyncs that take a while (by `crate::clock`), and
+//! a power loss at drop, which undoes every write no fsync made durable
+//! (writes the device acknowledged and then lost).
 
 use std::collections::{HashMap, VecDeque};
-use std::path::Path;
-use std::time::Duration;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::{FileId, Io, IoCompletion, IoResult, OpenMode};
 use crate::aligned::{ALIGN, AlignedBuf};
@@ -79,6 +82,47 @@ pub struct FaultIo<I: Io> {
     flip_tokens: Vec<u64>,
     /// Unlinks held back (see `hold_unlinks`), in order.
     held_unlinks: Option<Vec<(std::path::PathBuf, u64)>>,
+    /// With [`FaultIo::lose_unsynced_writes`]: the writes to each open
+    /// file that no fsync made durable yet, and those of closed files.
+    unsynced: Option<HashMap<FileId, Unsynced>>,
+    unsynced_closed: Vec<Unsynced>,
+    /// Fsyncs in flight: their file, and how many of its unsynced writes
+    /// were issued before them (those the fsync makes durable).
+    syncing: HashMap<u64, (FileId, usize)>,
+    /// With [`FaultIo::slow_fsyncs`]: how long an fsync takes, when each
+    /// in flight may complete, and completions held until then.
+    fsync_delay: Option<Duration>,
+    fsync_due: HashMap<u64, Instant>,
+    delayed: Vec<(Instant, IoCompletion)>,
+}
+
+/// A file's writes since its last fsync, each with what it overwrote.
+struct Unsynced {
+    path: PathBuf,
+    /// Its inode: a file deleted and made again under the path is another.
+    ino: Option<u64>,
+    /// (offset, the bytes it overwrote, the file's length before it).
+    undo: Vec<(u64, Vec<u8>, u64)>,
+}
+
+impl Unsynced {
+    /// Puts the file back as it was before these writes (a power loss),
+    /// newest first. A file since deleted or renamed is left alone.
+    fn undo(self) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(f) = std::fs::OpenOptions::new().write(true).open(&self.path) else {
+            return;
+        };
+        if f.metadata().ok().map(|m| m.ino()) != self.ino {
+            return;
+        }
+        for (offset, old, len_before) in self.undo.into_iter().rev() {
+            // (A test tool: a failure here leaves the file as written,
+            // which is what the device would have kept anyway.)
+            let _ = f.write_all_at(&old, offset);
+            let _ = f.set_len(len_before);
+        }
+    }
 }
 
 impl<I: Io> FaultIo<I> {
@@ -94,6 +138,63 @@ impl<I: Io> FaultIo<I> {
             next_internal: 0,
             flip_tokens: Vec::new(),
             held_unlinks: None,
+            unsynced: None,
+            unsynced_closed: Vec::new(),
+            syncing: HashMap::new(),
+            fsync_delay: None,
+            fsync_due: HashMap::new(),
+            delayed: Vec::new(),
+        }
+    }
+
+    /// From now on, remembers what each write overwrote until an fsync of
+    /// its file completes; when this is dropped (the machine loses power),
+    /// every write not made durable so is undone.
+    pub fn lose_unsynced_writes(&mut self) {
+        self.unsynced.get_or_insert_with(HashMap::new);
+    }
+
+    /// Every fsync from now on completes `delay` after it was issued, by
+    /// `crate::clock` (a slow disk; with a simulated clock, after that
+    /// much simulated time).
+    pub fn slow_fsyncs(&mut self, delay: Duration) {
+        self.fsync_delay = Some(delay);
+    }
+
+    /// Notes that `buf.len()` bytes go to `f` at `offset`: what they
+    /// overwrite is kept until an fsync makes them durable.
+    fn journal(&mut self, f: FileId, offset: u64, len: usize) {
+        let Some(files) = self.unsynced.as_mut() else {
+            return;
+        };
+        let Some(u) = files.get_mut(&f) else {
+            return;
+        };
+        let Ok(file) = std::fs::File::open(&u.path) else {
+            return;
+        };
+        let len_before = file.metadata().map_or(0, |m| m.len());
+        let end = (offset + len as u64).min(len_before);
+        let mut old = vec![0; end.saturating_sub(offset) as usize];
+        if file.read_exact_at(&mut old, offset).is_err() {
+            old.clear();
+        }
+        u.undo.push((offset, old, len_before));
+    }
+
+    /// Completions of slow fsyncs that are due, in the order they were held.
+    fn take_due(&mut self, out: &mut Vec<IoCompletion>) {
+        if self.delayed.is_empty() {
+            return;
+        }
+        let now = crate::clock::now();
+        let mut i = 0;
+        while i < self.delayed.len() {
+            if self.delayed[i].0 <= now {
+                out.push(self.delayed.remove(i).1);
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -147,7 +248,19 @@ impl<I: Io> Io for FaultIo<I> {
         if self.crashed {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
-        self.inner.open(path, mode)
+        let f = self.inner.open(path, mode)?;
+        if let Some(files) = self.unsynced.as_mut() {
+            use std::os::unix::fs::MetadataExt;
+            files.insert(
+                f,
+                Unsynced {
+                    path: path.to_path_buf(),
+                    ino: std::fs::metadata(path).ok().map(|m| m.ino()),
+                    undo: Vec::new(),
+                },
+            );
+        }
+        Ok(f)
     }
 
     fn is_direct(&self, f: FileId) -> bool {
@@ -159,6 +272,12 @@ impl<I: Io> Io for FaultIo<I> {
     }
 
     fn close(&mut self, f: FileId) {
+        // Closing makes nothing durable (and the id may be given again).
+        if let Some(u) = self.unsynced.as_mut().and_then(|files| files.remove(&f))
+            && !u.undo.is_empty()
+        {
+            self.unsynced_closed.push(u);
+        }
         self.inner.close(f)
     }
 
@@ -194,10 +313,14 @@ impl<I: Io> Io for FaultIo<I> {
                 part.extend_from_slice(&buf[..keep]);
                 let it = INTERNAL | self.next_internal;
                 self.next_internal += 1;
+                self.journal(f, offset, part.len());
                 self.torn.insert(it, (token, buf));
                 self.inner.write(f, offset, part, it);
             }
-            _ => self.inner.write(f, offset, buf, token),
+            _ => {
+                self.journal(f, offset, buf.len());
+                self.inner.write(f, offset, buf, token)
+            }
         }
     }
 
@@ -207,7 +330,15 @@ impl<I: Io> Io for FaultIo<I> {
         }
         match self.hit(OpKind::Fsync) {
             Some(Fault::FsyncEio) => self.fail(token, None, libc::EIO),
-            _ => self.inner.fsync(f, token),
+            _ => {
+                if let Some(u) = self.unsynced.as_ref().and_then(|files| files.get(&f)) {
+                    self.syncing.insert(token, (f, u.undo.len()));
+                }
+                if let Some(d) = self.fsync_delay {
+                    self.fsync_due.insert(token, crate::clock::now() + d);
+                }
+                self.inner.fsync(f, token)
+            }
         }
     }
 
@@ -240,6 +371,11 @@ impl<I: Io> Io for FaultIo<I> {
                 }
                 continue;
             }
+            if let Some(due) = self.fsync_due.remove(&t) {
+                let c = out.swap_remove(i);
+                self.delayed.push((due, c));
+                continue;
+            }
             if let Some(p) = self.flip_tokens.iter().position(|&x| x == t) {
                 self.flip_tokens.swap_remove(p);
                 let result = out[i].result;
@@ -253,17 +389,42 @@ impl<I: Io> Io for FaultIo<I> {
             i += 1;
         }
         out.extend(self.done.drain(..));
+        self.take_due(out);
+        // Fsyncs delivered now made their files' earlier writes durable.
+        if !self.syncing.is_empty() {
+            for c in &out[start..] {
+                if let Some((f, n)) = self.syncing.remove(&c.token)
+                    && c.result.is_ok()
+                    && let Some(u) = self.unsynced.as_mut().and_then(|files| files.get_mut(&f))
+                {
+                    u.undo.drain(..n.min(u.undo.len()));
+                    for (_, m) in self.syncing.values_mut().filter(|(g, _)| *g == f) {
+                        *m = m.saturating_sub(n);
+                    }
+                }
+            }
+        }
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> IoResult<()> {
         if !self.done.is_empty() {
             return Ok(());
         }
+        if !self.delayed.is_empty() {
+            // A held fsync completes by the clock: look again soon.
+            let t = timeout.map_or(Duration::from_millis(1), |t| {
+                t.min(Duration::from_millis(1))
+            });
+            return self.inner.wait(Some(t));
+        }
         self.inner.wait(timeout)
     }
 
     fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.done.len() + self.held_unlinks.as_ref().map_or(0, Vec::len)
+        self.inner.in_flight()
+            + self.done.len()
+            + self.delayed.len()
+            + self.held_unlinks.as_ref().map_or(0, Vec::len)
     }
 
     fn poll_readable(&mut self, fd: std::os::fd::BorrowedFd<'_>, token: u64) {
@@ -272,5 +433,75 @@ impl<I: Io> Io for FaultIo<I> {
 
     fn take_ready(&mut self, out: &mut Vec<u64>) {
         self.inner.take_ready(out);
+    }
+}
+
+impl<I: Io> Drop for FaultIo<I> {
+    /// The machine loses power: with [`FaultIo::lose_unsynced_writes`],
+    /// every write no fsync made durable is undone.
+    fn drop(&mut self) {
+        if let Some(files) = self.unsynced.take() {
+            // Newest first: open files' writes, then closed files' from
+            // the last closed back.
+            for u in files
+                .into_values()
+                .chain(self.unsynced_closed.drain(..).rev())
+            {
+                u.undo();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::SyncIo;
+
+    fn reap_all(io: &mut impl Io) -> Vec<IoCompletion> {
+        let mut out = Vec::new();
+        io.reap(&mut out);
+        out
+    }
+
+    /// A power loss (the wrapper dropped) undoes the writes no fsync made
+    /// durable, and keeps those one did.
+    #[test]
+    fn a_power_loss_undoes_what_no_fsync_made_durable() {
+        let d = tempfile::tempdir().unwrap();
+        let (kept, lost) = (d.path().join("kept"), d.path().join("lost"));
+        let mut io = FaultIo::new(SyncIo::new(false), None);
+        io.lose_unsynced_writes();
+        let a = io.open(&kept, OpenMode::CreateNew).unwrap();
+        let b = io.open(&lost, OpenMode::CreateNew).unwrap();
+        io.write(a, 0, AlignedBuf::copy_of(&[1; 4096]), 1);
+        io.write(b, 0, AlignedBuf::copy_of(&[2; 4096]), 2);
+        io.fsync(a, 3);
+        assert!(reap_all(&mut io).iter().all(|c| c.result.is_ok()));
+        // Overwritten after its fsync: the overwrite is lost, not the file.
+        io.write(a, 0, AlignedBuf::copy_of(&[3; 4096]), 4);
+        io.close(a);
+        reap_all(&mut io);
+        assert_eq!(std::fs::read(&kept).unwrap(), [3; 4096]);
+        drop(io);
+        assert_eq!(std::fs::read(&kept).unwrap(), [1; 4096]);
+        assert_eq!(std::fs::read(&lost).unwrap(), [0u8; 0]);
+    }
+
+    /// A slow fsync completes once its delay passed on the clock.
+    #[test]
+    fn a_slow_fsync_completes_after_its_delay() {
+        let d = tempfile::tempdir().unwrap();
+        crate::clock::simulate(true);
+        let mut io = FaultIo::new(SyncIo::new(false), None);
+        io.slow_fsyncs(Duration::from_millis(20));
+        let f = io.open(&d.path().join("f"), OpenMode::CreateNew).unwrap();
+        io.fsync(f, 7);
+        assert!(reap_all(&mut io).is_empty());
+        assert_eq!(io.in_flight(), 1);
+        crate::clock::advance(Duration::from_millis(20));
+        let got = reap_all(&mut io);
+        assert_eq!((got.len(), got[0].token, got[0].result), (1, 7, Ok(0)));
+        crate::clock::simulate(false);
     }
 }
