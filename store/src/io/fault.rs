@@ -99,7 +99,9 @@ pub struct FaultIo<I: Io> {
 /// A file's writes since its last fsync, each with what it overwrote.
 struct Unsynced {
     path: PathBuf,
-    /// Its inode: a file deleted and made again under the path is another.
+    /// Its inode: a file deleted (other than through this layer, which
+    /// forgets its writes then) and made again under the path is another,
+    /// unless the file system gave it the same inode number.
     ino: Option<u64>,
     /// (offset, the bytes it overwrote, the file's length before it).
     undo: Vec<(u64, Vec<u8>, u64)>,
@@ -207,7 +209,21 @@ impl<I: Io> FaultIo<I> {
     /// Issues the unlinks held, and holds no more.
     pub fn release_unlinks(&mut self) {
         for (path, token) in self.held_unlinks.take().unwrap_or_default() {
+            self.forget_writes(&path);
             self.inner.unlink(&path, token);
+        }
+    }
+
+    /// `path` is being deleted: its unsynced writes go with its inode (a
+    /// file made again under the name is another, even if the file
+    /// system gives it the same inode number).
+    fn forget_writes(&mut self, path: &Path) {
+        self.unsynced_closed.retain(|u| u.path != path);
+        for u in self.unsynced.iter_mut().flat_map(|m| m.values_mut()) {
+            if u.path == path {
+                u.undo.clear();
+                u.path = PathBuf::new();
+            }
         }
     }
 
@@ -349,6 +365,7 @@ impl<I: Io> Io for FaultIo<I> {
         if let Some(held) = &mut self.held_unlinks {
             return held.push((path.to_path_buf(), token));
         }
+        self.forget_writes(path);
         self.inner.unlink(path, token)
     }
 
@@ -486,6 +503,27 @@ mod tests {
         drop(io);
         assert_eq!(std::fs::read(&kept).unwrap(), [1; 4096]);
         assert_eq!(std::fs::read(&lost).unwrap(), [0u8; 0]);
+    }
+
+    /// A file deleted through the layer takes its unsynced writes with it:
+    /// the file made again under its name (often with the same inode
+    /// number) keeps what its own fsync made durable.
+    #[test]
+    fn a_deleted_files_lost_writes_do_not_touch_its_successor() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("seg");
+        let mut io = FaultIo::new(SyncIo::new(false), None);
+        io.lose_unsynced_writes();
+        let a = io.open(&p, OpenMode::CreateNew).unwrap();
+        io.write(a, 0, AlignedBuf::copy_of(&[1; 4096]), 1);
+        io.close(a);
+        io.unlink(&p, 2);
+        let b = io.open(&p, OpenMode::CreateNew).unwrap();
+        io.write(b, 0, AlignedBuf::copy_of(&[2; 8192]), 3);
+        io.fsync(b, 4);
+        assert!(reap_all(&mut io).iter().all(|c| c.result.is_ok()));
+        drop(io);
+        assert_eq!(std::fs::read(&p).unwrap(), [2; 8192]);
     }
 
     /// A slow fsync completes once its delay passed on the clock.
