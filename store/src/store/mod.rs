@@ -271,10 +271,12 @@ pub const MIN_CHECKPOINT_LAYER_LIMIT: usize = 12;
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
     pub segments: usize,
-    /// Corrupt segment files (complete, with a bad checksum), and
-    /// incomplete ones a retained checkpoint or a restored layer names,
-    /// set aside as `*.torn` (kept as evidence; what names them fails
-    /// clearly), with why; and torn manifests, likewise set aside.
+    /// Segment files that failed their checks and were kept, with why:
+    /// those a retained checkpoint or a restored layer names where they
+    /// are (what names them fails clearly while they read damaged, and
+    /// finds them if they read sound at a later open), other corrupt ones
+    /// (complete, with a bad checksum) set aside as `*.torn` as evidence;
+    /// and torn manifests, likewise set aside.
     pub torn: Vec<(PathBuf, String)>,
     /// Incomplete segment files nothing names (a flush or compaction cut
     /// off by a crash; or `*.torn` files set aside by an earlier version),
