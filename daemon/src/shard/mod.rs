@@ -310,9 +310,39 @@ struct Item {
     out: Out,
 }
 
-const BELL_TOKEN: u64 = 0;
-/// The remote tier's eventfd (session ids start at 1 and never reach it).
-const REMOTE_TOKEN: u64 = u64::MAX;
+/// What woke a sleeping shard: the fd it armed with this token became
+/// readable (see [`Io::poll_readable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    /// The control side's doorbell.
+    Control,
+    /// The remote tier's eventfd: reads or uploads finished.
+    Remote,
+    /// A session's doorbell (by session id; ids start at 1).
+    Session(u64),
+}
+
+impl Wake {
+    fn token(self) -> u64 {
+        match self {
+            Wake::Control => 0,
+            Wake::Remote => u64::MAX,
+            Wake::Session(id) => {
+                debug_assert!(id != 0 && id != u64::MAX, "session ids start at 1");
+                id
+            }
+        }
+    }
+
+    fn of(token: u64) -> Wake {
+        match token {
+            0 => Wake::Control,
+            u64::MAX => Wake::Remote,
+            id => Wake::Session(id),
+        }
+    }
+}
+
 /// How many requests ahead the shard starts loading client memory.
 const PREFETCH_AHEAD: usize = 8;
 /// Bytes of keys and values one batch copies out before it runs: bounds
@@ -785,18 +815,18 @@ impl<I: Io> Shard<I> {
             // The control doorbell first: it must never wait behind
             // session polls for room in the ring.
             if !self.bell_armed {
-                io.poll_readable(self.bell.fd(), BELL_TOKEN);
+                io.poll_readable(self.bell.fd(), Wake::Control.token());
                 self.bell_armed = true;
             }
             // Remote outcomes (reads, uploads) wake the shard as disk
             // completions do.
             if let Some(fd) = self.remote_bell.as_ref().filter(|_| !self.remote_armed) {
-                io.poll_readable(std::os::fd::AsFd::as_fd(fd), REMOTE_TOKEN);
+                io.poll_readable(std::os::fd::AsFd::as_fd(fd), Wake::Remote.token());
                 self.remote_armed = true;
             }
             for (_, s) in self.sessions.iter_mut() {
                 if !s.armed && !s.broken {
-                    io.poll_readable(s.to_daemon.fd(), s.id);
+                    io.poll_readable(s.to_daemon.fd(), Wake::Session(s.id).token());
                     s.armed = true;
                 }
             }
@@ -824,16 +854,21 @@ impl<I: Io> Shard<I> {
         self.ready.clear();
         self.store.io_mut().take_ready(&mut self.ready);
         for &t in &self.ready {
-            if t == BELL_TOKEN {
-                self.bell.drain();
-                self.bell_armed = false;
-            } else if t == REMOTE_TOKEN {
+            match Wake::of(t) {
+                Wake::Control => {
+                    self.bell.drain();
+                    self.bell_armed = false;
+                }
                 // The store's poll takes the outcomes (and reads the bell).
-                self.remote_armed = false;
-            } else if let Some(&slot) = self.by_id.get(&t) {
-                let s = &mut self.sessions[slot];
-                s.to_daemon.drain();
-                s.armed = false;
+                Wake::Remote => self.remote_armed = false,
+                Wake::Session(id) => {
+                    // (A session closed since it was armed is gone.)
+                    if let Some(&slot) = self.by_id.get(&id) {
+                        let s = &mut self.sessions[slot];
+                        s.to_daemon.drain();
+                        s.armed = false;
+                    }
+                }
             }
         }
     }
@@ -887,5 +922,24 @@ impl<I: Io> Shard<I> {
             layers = self.store.stats().segments,
             "shard stopped"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each waker's token names it again, and no session's token is the
+    /// control doorbell's or the remote tier's.
+    #[test]
+    fn wake_tokens_name_their_waker() {
+        for w in [
+            Wake::Control,
+            Wake::Remote,
+            Wake::Session(1),
+            Wake::Session(u64::MAX - 1),
+        ] {
+            assert_eq!(Wake::of(w.token()), w);
+        }
     }
 }
