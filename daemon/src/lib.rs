@@ -165,7 +165,7 @@ impl Daemon {
                     match opened {
                         Ok((store, report)) => {
                             if !report.torn.is_empty() {
-                                tracing::warn!(shard = i, torn = ?report.torn, "damaged segment files were kept: in place where a checkpoint or restored layer names them, else set aside as *.torn");
+                                tracing::warn!(shard = i, torn = ?report.torn, "torn files a checkpoint names, or corrupt ones, were set aside");
                             }
                             if !report.torn_removed.is_empty() {
                                 tracing::warn!(shard = i, torn = ?report.torn_removed, "torn segment files nothing named were deleted");

@@ -271,12 +271,11 @@ pub const MIN_CHECKPOINT_LAYER_LIMIT: usize = 12;
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
     pub segments: usize,
-    /// Segment files that failed their checks and were kept, with why:
-    /// those a retained checkpoint or a restored layer names where they
-    /// are (what names them fails clearly while they read damaged, and
-    /// finds them if they read sound at a later open), other corrupt ones
-    /// (complete, with a bad checksum) set aside as `*.torn` as evidence;
-    /// and torn manifests, likewise set aside.
+    /// Corrupt segment files (complete, with a bad checksum), and
+    /// incomplete ones a retained checkpoint names, set aside as `*.torn`
+    /// (kept as evidence; what names them fails clearly), with why; and
+    /// torn manifests, likewise set aside. (One a restored layer names
+    /// fails the open instead, and stays where it is.)
     pub torn: Vec<(PathBuf, String)>,
     /// Incomplete segment files nothing names (a flush or compaction cut
     /// off by a crash; or `*.torn` files set aside by an earlier version),
@@ -895,14 +894,17 @@ impl<I: Io> Store<I> {
         // Restart=on-failure would leak a segment's worth of disk, but only
         // where a write a crash cut off can be: newer than every complete
         // segment (a flush), or a compaction's output whose newest input
-        // is still there. One something names stays where it is: what
-        // names it fails clearly while it reads damaged, and finds it again
-        // if it reads sound at a later open (a read error need not last;
-        // set aside, a passing fault would fail that open for good, as a
-        // seeded simulation of the daemon found). A corrupt one (complete,
-        // with a bad checksum: evidence of the disk) and one of the right
-        // shape in the wrong place (a complete segment whose footer was
-        // damaged looks cut off) are set aside.
+        // is still there. A restored layer's fails the open before anything
+        // changes, and stays where it is: a later open that reads it sound
+        // has it again (a read error need not last; set aside, a passing
+        // fault failed every later open, as a seeded simulation of the
+        // daemon found). An open that went on without it could not leave it
+        // in place: out of the layers, a segment could come back at a later
+        // open after compactions had dropped the deletes that hid its
+        // records. So one a checkpoint names (which then fails clearly), a
+        // corrupt one (complete, with a bad checksum: evidence of the
+        // disk), and one of the right shape in the wrong place (a complete
+        // segment whose footer was damaged looks cut off) are set aside.
         let newest = segs.iter().map(|s| s.footer.order).max();
         let in_flight = |was: &str| {
             segment::parse_file_name(was).is_some_and(|(o, g)| {
@@ -913,12 +915,21 @@ impl<I: Io> Store<I> {
                             .any(|s| s.footer.order == o && s.footer.generation < g))
             })
         };
+        if let Some((_, was, why, _)) = torn.iter().find(|(path, was, _, _)| {
+            path.file_name().is_some_and(|n| *n == **was)
+                && imports.iter().any(|imp| imp.name == *was)
+        }) {
+            return Err(StoreError::Restore(format!(
+                "{LAYERS_FILE} names {was} for a restored state, which failed its checks (left where it is): {why}"
+            )));
+        }
         for (path, was, why, incomplete) in torn {
-            let named = ckpt.pinned(&was) || imports.iter().any(|imp| imp.name == was);
+            let layer = imports.iter().any(|imp| imp.name == was);
+            let named = layer || ckpt.pinned(&was);
             if incomplete && !named && in_flight(&was) {
                 let _ = std::fs::remove_file(&path);
                 report.torn_removed.push((path, why));
-            } else if path.file_name().is_some_and(|n| *n == *was) && !named {
+            } else if path.file_name().is_some_and(|n| *n == *was) && !layer {
                 let mut aside = path.with_extension("torn");
                 let mut n = 1;
                 while aside.exists() {
