@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
@@ -22,9 +22,10 @@ pub struct SyncIo {
     files: Slab<(File, bool)>,
     done: VecDeque<IoCompletion>,
     direct: bool,
-    /// Fds armed by [`Io::poll_readable`] (each kept open by the caller
-    /// until its token is taken), and the tokens of those seen readable.
-    armed: Vec<(RawFd, u64)>,
+    /// Fds armed by [`Io::poll_readable`] (duplicates: the caller may close
+    /// its own, say to disarm, before the token is taken), and the tokens
+    /// of those seen readable.
+    armed: Vec<(OwnedFd, u64)>,
     ready: Vec<u64>,
 }
 
@@ -49,13 +50,7 @@ impl SyncIo {
         let mut fds: Vec<PollFd<'_>> = self
             .armed
             .iter()
-            .map(|&(fd, _)| {
-                // SAFETY: `Io::poll_readable`'s contract: the caller keeps
-                // the fd open until its token comes out of `take_ready`,
-                // and these are the fds whose tokens have not.
-                let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-                PollFd::new(fd, PollFlags::POLLIN)
-            })
+            .map(|(fd, _)| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
             .collect();
         match poll(&mut fds, timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
@@ -181,8 +176,10 @@ impl Io for SyncIo {
         if !self.armed.is_empty() {
             // Operations complete at submission: only an armed fd can end
             // the wait early.
+            // Whole milliseconds, rounded up: a shorter wait would be none.
             let t = timeout.map_or(PollTimeout::NONE, |t| {
-                PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX)
+                let ms = t.as_micros().div_ceil(1000);
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
             });
             return self.poll_armed(t);
         }
@@ -198,7 +195,12 @@ impl Io for SyncIo {
     }
 
     fn poll_readable(&mut self, fd: BorrowedFd<'_>, token: u64) {
-        self.armed.push((fd.as_raw_fd(), token));
+        match fd.try_clone_to_owned() {
+            Ok(fd) => self.armed.push((fd, token)),
+            // No fd left to duplicate it into: report it ready, so the
+            // caller looks (and arms it again) rather than sleep through it.
+            Err(_) => self.ready.push(token),
+        }
     }
 
     fn take_ready(&mut self, out: &mut Vec<u64>) {
