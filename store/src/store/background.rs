@@ -265,7 +265,7 @@ impl<I: Io> Store<I> {
         // twice as long once compaction was paced in the task's gaps.
         // (Not a backlog checkpoints wait for: that presses compaction.)
         let flush_pressed =
-            self.flush.is_some() && (self.checkpoint_awaits_flush() || self.headroom() < 0.5);
+            self.flush.is_some() && (self.checkpoint_awaits_flush() || self.flush_headroom() < 0.5);
         if self.compact.is_some() && self.pacer.allows() && !flush_pressed {
             let t = crate::clock::now();
             self.step_compaction();

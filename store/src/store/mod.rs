@@ -1275,7 +1275,7 @@ impl<I: Io> Store<I> {
         const BASE: f64 = crate::pace::BASE_SHARE;
         const AWAITED: f64 = 0.5;
         const FROM: f64 = 0.5;
-        let short = ((FROM - self.headroom()) / FROM).clamp(0.0, 1.0);
+        let short = ((FROM - self.flush_headroom()) / FROM).clamp(0.0, 1.0);
         let share = BASE + (1.0 - BASE) * short;
         if self.checkpoint_awaits_flush() || self.checkpoint_should_wait() {
             share.max(AWAITED)
@@ -1295,8 +1295,22 @@ impl<I: Io> Store<I> {
         if self.pacer.idle() {
             return crate::clock::now() + self.cfg.background_slice / 40;
         }
-        let stretch = 1.0 + 4.0 * (1.0 - self.headroom());
+        let stretch = 1.0 + 4.0 * (1.0 - self.flush_headroom());
         crate::clock::now() + self.cfg.background_slice.mul_f64(stretch)
+    }
+
+    /// The write room as flushes can give it back: [`Store::headroom`]
+    /// without the memtables a helper thread is still clearing, which no
+    /// flush or compaction step of the shard's frees sooner (pacing them
+    /// up for it would only take the helper's CPU).
+    fn flush_headroom(&self) -> f64 {
+        if self.frozen.is_empty() {
+            return 1.0;
+        }
+        let m = self
+            .memtable_limit()
+            .next_multiple_of(crate::memtable::CHUNK);
+        ((self.write_room() + self.reuse.incoming_bytes()) as f64 / m.max(1) as f64).min(1.0)
     }
 
     /// What the block cache may hold: what the budget leaves after the
