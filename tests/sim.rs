@@ -585,7 +585,11 @@ impl Sim {
     /// Every client takes what completed, and checks it.
     fn reap(&mut self) {
         let seed = self.seed;
-        let faulty = self.faulty;
+        // Error statuses only once the planned fault struck.
+        let faulty = self
+            .shard
+            .as_ref()
+            .is_some_and(|s| s.store().io().injected > 0);
         for cl in &mut self.clients {
             let op = &mut self.operators[cl.op];
             let mut seen = Vec::new();
@@ -851,9 +855,13 @@ impl Sim {
                 match self.await_reply(&rx) {
                     Ok(_) => self.counts.restores += 1,
                     Err(e) => {
+                        let struck = self
+                            .shard
+                            .as_ref()
+                            .is_some_and(|s| s.store().io().injected > 0);
                         assert!(
-                            self.faulty,
-                            "seed {}: restore of checkpoint {id} failed with no fault planned: {e}",
+                            struck,
+                            "seed {}: restore of checkpoint {id} failed with no fault injected: {e}",
                             self.seed
                         );
                         failed = true;
@@ -864,7 +872,88 @@ impl Sim {
         }
         if failed {
             self.crash(false);
+            return;
         }
+        // What each operator restored, read back at once: a sample of its
+        // model's keys and of keys it does not hold.
+        for o in 0..self.operators.len() {
+            self.verify(o);
+        }
+    }
+
+    /// Reads up to 64 keys of operator `o`'s model and 16 others, each
+    /// checked against the model at its completion.
+    fn verify(&mut self, o: usize) {
+        let mut keys: Vec<Key> = self.operators[o].model.values.keys().cloned().collect();
+        let mut entries: Vec<(Key, Vec<u8>)> =
+            self.operators[o].model.maps.keys().cloned().collect();
+        // The same sample for the same seed: pick by the generator.
+        while keys.len() > 64 {
+            let i = self.rng.below(keys.len() as u64) as usize;
+            keys.swap_remove(i);
+        }
+        while entries.len() > 64 {
+            let i = self.rng.below(entries.len() as u64) as usize;
+            entries.swap_remove(i);
+        }
+        for _ in 0..16 {
+            keys.push(self.key());
+        }
+        for key in keys {
+            let want = self.operators[o].model.values.get(&key).cloned();
+            let r = |vs| Request {
+                capacity: 16 << 10,
+                ..Request::new(Opcode::Get, vs, key.0, &key.1)
+            };
+            self.submit_checked(o, key.0, r, Expect::Read(key.clone(), want));
+        }
+        for (key, uk) in entries {
+            let want = self.operators[o]
+                .model
+                .maps
+                .get(&(key.clone(), uk.clone()))
+                .cloned();
+            let r = |ms| Request {
+                user_key: &uk,
+                capacity: 16 << 10,
+                ..Request::new(Opcode::MapGet, ms, key.0, &key.1)
+            };
+            self.submit_checked(o, key.0, r, Expect::MapRead(key.clone(), uk.clone(), want));
+        }
+    }
+
+    /// Submits the read `req` (given the part's value or map state id, as
+    /// its kind needs) to the part of operator `o` that serves key group
+    /// `kg`, stepping the shard while the part's queue is full.
+    fn submit_checked<'a>(
+        &mut self,
+        o: usize,
+        kg: u16,
+        req: impl Fn(u32) -> Request<'a>,
+        expect: Expect,
+    ) {
+        let c = self
+            .clients
+            .iter()
+            .position(|c| c.op == o && (c.kg.0..=c.kg.1).contains(&kg))
+            .expect("every key group has its part");
+        let map = matches!(expect, Expect::MapRead(..));
+        for _ in 0..100_000 {
+            let cl = &mut self.clients[c];
+            let r = req(if map { cl.map_state } else { cl.value_state });
+            let token = cl.next_token;
+            if cl.session.submit(&r, token).is_ok() {
+                let _ = cl.session.flush();
+                cl.in_flight.insert(token, expect);
+                cl.next_token += 1;
+                self.counts.requests += 1;
+                return;
+            }
+            let _ = cl.session.flush();
+            self.step();
+            self.reap();
+        }
+        panic!("seed {}: a read never found room", self.seed);
     }
 
     fn plan(&mut self) -> FaultPlan {

@@ -520,6 +520,11 @@ impl<I: Io> Shard<I> {
         !self.stopping && self.pass()
     }
 
+    /// Its store, to look at (the simulator reads its fault injector).
+    pub fn store(&self) -> &Store<I> {
+        &self.store
+    }
+
     /// Whether a `Shutdown` (or the control side's end) came.
     pub fn stopping(&self) -> bool {
         self.stopping
