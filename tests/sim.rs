@@ -686,13 +686,6 @@ impl Sim {
     fn die(&mut self, c: usize) {
         self.counts.deaths += 1;
         let old = self.clients.remove(c);
-        let (reply, rx) = crossbeam_channel::bounded(1);
-        self.tx
-            .send(ShardMsg::Close {
-                session: old.sid,
-                reply,
-            })
-            .unwrap();
         let op = &mut self.operators[old.op];
         for e in old.in_flight.values() {
             match e {
@@ -706,8 +699,7 @@ impl Sim {
                 Expect::Read(..) | Expect::MapRead(..) => {}
             }
         }
-        drop(old.session);
-        self.await_reply(&rx);
+        self.close(old.sid, old.session);
         let fresh = self.open_client(old.op, old.part, old.kg);
         self.clients.insert(c, fresh);
     }
@@ -757,16 +749,22 @@ impl Sim {
         }
         if self.rng.chance(20) {
             let gone = self.hostile.swap_remove(h);
-            let (reply, rx) = crossbeam_channel::bounded(1);
-            self.tx
-                .send(ShardMsg::Close {
-                    session: gone.sid,
-                    reply,
-                })
-                .unwrap();
-            drop(gone);
-            self.await_reply(&rx);
+            self.close(gone.sid, gone.session);
         }
+    }
+
+    /// Closes session `sid` as the control side does when its client's
+    /// connection ends: the client's end goes first, then the shard's.
+    fn close(&mut self, sid: u64, session: Session) {
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        self.tx
+            .send(ShardMsg::Close {
+                session: sid,
+                reply,
+            })
+            .unwrap();
+        drop(session);
+        self.await_reply(&rx);
     }
 
     /// The machine dies: the shard and everything in memory are gone. The

@@ -791,7 +791,7 @@ fn failing_flushes_leave_writes_their_room_and_a_clear_refusal() {
     let e = refused.unwrap_or_else(|| panic!("never refused: {st:?} {:?}", s.memory()));
     assert!(matches!(e, StoreError::OverBudget { .. }), "{e}");
     assert!(e.to_string().contains("disk is full"), "{e}");
-    assert_eq!(s.stats().write_stalls, 0);
+    assert_eq!(s.stats().write_stalls().0, 0);
 }
 
 /// A checkpoint's completion marker goes through the I/O layer: a failed

@@ -512,8 +512,7 @@ impl<I: Io> Shard<I> {
 
     /// One turn of [`Shard::run`]'s loop without its spins and sleeps:
     /// control messages, then a pass over the work at hand. Whether
-    /// anything moved (false also once a `Shutdown` came: see
-    /// [`Shard::stopping`]). For a caller that drives the shard itself,
+    /// anything moved (false also once a `Shutdown` came). For a caller that drives the shard itself,
     /// as the simulator (`tests/sim.rs`) does from one thread.
     pub fn step(&mut self) -> bool {
         self.control();
@@ -523,11 +522,6 @@ impl<I: Io> Shard<I> {
     /// Its store, to look at (the simulator reads its fault injector).
     pub fn store(&self) -> &Store<I> {
         &self.store
-    }
-
-    /// Whether a `Shutdown` (or the control side's end) came.
-    pub fn stopping(&self) -> bool {
-        self.stopping
     }
 
     /// Stops as on `Shutdown`: answers what is in flight and flushes the

@@ -35,11 +35,7 @@ impl<I: Io> Store<I> {
             memtables: self.active.memory_bytes()
                 + self.reuse.bytes()
                 + self.next_index.as_ref().map_or(0, |i| i.len() * 8)
-                + self
-                    .frozen
-                    .iter()
-                    .map(|(_, m)| m.memory_bytes())
-                    .sum::<usize>(),
+                + self.frozen_bytes(),
             block_cache: self.cache.bytes(),
             indexes_and_filters: self
                 .segments
@@ -251,5 +247,33 @@ mod tests {
         drop(clearing);
         assert_eq!(s.write_room(), room);
         assert!(!s.busy());
+    }
+
+    /// Pacing leaves memtables being cleared out of the room (no flush
+    /// step frees them sooner), while writes count them; with background
+    /// work failing the room is unbounded either way (it once overflowed,
+    /// adding them back to an unbounded room).
+    #[test]
+    fn pacing_leaves_memtables_being_cleared_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(dir.path(), 64 << 20);
+        cfg.memtable_bytes = Some(8 << 20);
+        let (mut s, _) = Store::open(cfg, SyncIo::new(false)).unwrap();
+        let key = crate::KeyRef {
+            key_group: 0,
+            state: 1,
+            key: b"k",
+            namespace: b"",
+        };
+        s.write_batch(&[crate::Op::Put(key, &[7; 100])]).unwrap();
+        s.flush();
+        assert!(!s.frozen.is_empty(), "a memtable waits for its flush");
+        let m = s.memtable_limit().next_multiple_of(crate::memtable::CHUNK);
+        let clearing = Incoming::new(&s.reuse, m);
+        assert!(s.headroom() < s.flush_headroom());
+        s.stats.last_background_error = Some(crate::StoreError::Invalid("a test's failure"));
+        assert_eq!(s.write_room(), usize::MAX);
+        assert_eq!((s.headroom(), s.flush_headroom()), (1.0, 1.0));
+        drop(clearing);
     }
 }

@@ -212,17 +212,23 @@ pub struct StoreStats {
     pub delete_failures: u64,
     /// The remote tier's, when there is one.
     pub remote: Option<TierStats>,
-    /// Times writes stalled behind flushes, and for how long in all
-    /// (see [`Store::write_headroom`]).
-    pub write_stalls: u64,
-    pub write_stall_time: Duration,
-    /// The same, by what held the memory when the stall began (indexed
-    /// by [`StallCause::index`]; a stall in progress counts its time so
-    /// far).
+    /// Times writes stalled (see [`Store::write_headroom`]) and for how
+    /// long, by what held the memory when the stall began (indexed by
+    /// [`StallCause::index`]; a stall in progress counts its time so far).
+    /// [`StoreStats::write_stalls`] sums them.
     pub write_stalls_by_cause: [(u64, Duration); StallCause::ALL.len()],
     /// Torn files found at open: kept (something names them) and deleted.
     pub torn_kept: usize,
     pub torn_removed: usize,
+}
+
+impl StoreStats {
+    /// Times writes stalled, and for how long in all, whatever the cause.
+    pub fn write_stalls(&self) -> (u64, Duration) {
+        self.write_stalls_by_cause
+            .iter()
+            .fold((0, Duration::ZERO), |(n, t), &(m, d)| (n + m, t + d))
+    }
 }
 
 /// Why writes stopped (see [`Store::write_headroom`]): what held the
@@ -254,6 +260,14 @@ impl StallCause {
             StallCause::Clearing => "clearing",
         }
     }
+}
+
+/// Whether the room writes have counts the flushed memtables a helper
+/// thread is still clearing (see [`Store::write_room`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Clearing {
+    Counted,
+    Left,
 }
 
 /// [`StoreConfig::retained_checkpoints`] unless set.
@@ -1188,13 +1202,10 @@ impl<I: Io> Store<I> {
             (true, None) => {
                 let cause = self.stall_cause();
                 self.stalled_since = Some((crate::clock::now(), cause));
-                self.stats.write_stalls += 1;
                 self.stats.write_stalls_by_cause[cause.index()].0 += 1;
             }
             (false, Some((t, cause))) => {
-                let d = crate::clock::elapsed(t);
-                self.stats.write_stall_time += d;
-                self.stats.write_stalls_by_cause[cause.index()].1 += d;
+                self.stats.write_stalls_by_cause[cause.index()].1 += crate::clock::elapsed(t);
                 self.stalled_since = None;
             }
             _ => {}
@@ -1205,8 +1216,7 @@ impl<I: Io> Store<I> {
     /// What holds the memtables' memory now: memtables still to flush, or
     /// flushed ones still being cleared, whichever holds more.
     fn stall_cause(&self) -> StallCause {
-        let frozen: usize = self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum();
-        if self.reuse.incoming_bytes() > frozen {
+        if self.reuse.incoming_bytes() > self.frozen_bytes() {
             StallCause::Clearing
         } else {
             StallCause::Flush
@@ -1215,14 +1225,32 @@ impl<I: Io> Store<I> {
 
     /// See [`Store::write_headroom`] (without counting stalls).
     fn headroom(&self) -> f64 {
-        if self.frozen.is_empty() && self.reuse.incoming_bytes() == 0 {
+        self.headroom_of(Clearing::Counted)
+    }
+
+    /// The write room as flushes can give it back: [`Store::headroom`]
+    /// without the memtables a helper thread is still clearing, which no
+    /// flush or compaction step of the shard's frees sooner (pacing them
+    /// up for it would only take the helper's CPU).
+    fn flush_headroom(&self) -> f64 {
+        self.headroom_of(Clearing::Left)
+    }
+
+    fn headroom_of(&self, clearing: Clearing) -> f64 {
+        let held = clearing == Clearing::Counted && self.reuse.incoming_bytes() > 0;
+        if self.frozen.is_empty() && !held {
             return 1.0;
         }
         // A memtable holds whole chunks: the plan's room for one.
         let m = self
             .memtable_limit()
             .next_multiple_of(crate::memtable::CHUNK);
-        (self.write_room() as f64 / m.max(1) as f64).min(1.0)
+        (self.room(clearing) as f64 / m.max(1) as f64).min(1.0)
+    }
+
+    /// Bytes the frozen memtables hold.
+    pub(super) fn frozen_bytes(&self) -> usize {
+        self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum()
     }
 
     /// Bytes writes may add before the memtables (the active one, and
@@ -1247,11 +1275,19 @@ impl<I: Io> Store<I> {
     /// their cause (`check_memory`), rather than wait in silence for as
     /// long as the failure lasts.
     pub fn write_room(&self) -> usize {
+        self.room(Clearing::Counted)
+    }
+
+    /// [`Store::write_room`], counting the memtables being cleared or not.
+    fn room(&self, clearing: Clearing) -> usize {
         if self.stats.last_background_error.is_some() {
             return usize::MAX;
         }
-        let frozen: usize = self.frozen.iter().map(|(_, m)| m.memory_bytes()).sum();
-        let used = frozen + self.reuse.incoming_bytes() + self.active.written_bytes();
+        let cleared = match clearing {
+            Clearing::Counted => self.reuse.incoming_bytes(),
+            Clearing::Left => 0,
+        };
+        let used = self.frozen_bytes() + cleared + self.active.written_bytes();
         let ahead = (crate::memtable::SPARES_AHEAD + 1) * crate::memtable::CHUNK;
         self.memtable_plan().saturating_sub(used + ahead)
     }
@@ -1299,20 +1335,6 @@ impl<I: Io> Store<I> {
         crate::clock::now() + self.cfg.background_slice.mul_f64(stretch)
     }
 
-    /// The write room as flushes can give it back: [`Store::headroom`]
-    /// without the memtables a helper thread is still clearing, which no
-    /// flush or compaction step of the shard's frees sooner (pacing them
-    /// up for it would only take the helper's CPU).
-    fn flush_headroom(&self) -> f64 {
-        if self.frozen.is_empty() {
-            return 1.0;
-        }
-        let m = self
-            .memtable_limit()
-            .next_multiple_of(crate::memtable::CHUNK);
-        ((self.write_room() + self.reuse.incoming_bytes()) as f64 / m.max(1) as f64).min(1.0)
-    }
-
     /// What the block cache may hold: what the budget leaves after the
     /// rest of [`Store::memory`] and the active memtable's growth.
     pub fn cache_budget(&self) -> usize {
@@ -1330,9 +1352,7 @@ impl<I: Io> Store<I> {
         (s.checkpoints_retained, s.checkpoints_in_progress) = self.ckpt.counts();
         s.remote = self.tier.as_ref().map(|t| t.stats());
         if let Some((t, cause)) = self.stalled_since {
-            let d = crate::clock::elapsed(t);
-            s.write_stall_time += d;
-            s.write_stalls_by_cause[cause.index()].1 += d;
+            s.write_stalls_by_cause[cause.index()].1 += crate::clock::elapsed(t);
         }
         s
     }
