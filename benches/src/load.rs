@@ -183,7 +183,7 @@ pub fn run(a: LoadArgs) {
             std::env::var_os("STATOR_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from),
         )
         .expect("bench dir");
-    let d = DaemonProc::start(dir.path(), a.budget_mib, memtable_mib, 50, false);
+    let d = DaemonProc::start(dir.path(), a.budget_mib, memtable_mib, 50, true);
     let pid = d.child.id();
     let sessions = a.sessions.max(1);
     let mut conns: Vec<(Session, ValueState, Vec<u64>)> = (0..sessions)

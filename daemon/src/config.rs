@@ -24,9 +24,9 @@ pub struct Config {
     /// cache must fit in the shard's budget.
     pub memtable_mib: u64,
     /// Fault in each shard's memtable memory (two memtables and their
-    /// indexes) at start, so that writes right after a start run as fast
-    /// as later ones; the start takes longer and the memory is held from
-    /// it (see `stator_store::StoreConfig::prefault_memory`).
+    /// indexes) at start (the default), so that writes right after a start
+    /// run as fast as later ones; the start takes longer and the memory is
+    /// held from it (see `stator_store::StoreConfig::prefault_memory`).
     pub prefault_memory: bool,
     /// Uids allowed to open sessions; empty = the daemon's own (effective) uid.
     pub allowed_uids: Vec<u32>,
@@ -193,7 +193,7 @@ impl Default for Config {
             shards: 0,
             memory_budget_mib: 0,
             memtable_mib: 0,
-            prefault_memory: false,
+            prefault_memory: true,
             allowed_uids: Vec::new(),
             spin_us: 50,
             max_sessions: 1024,

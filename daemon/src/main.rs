@@ -54,6 +54,10 @@ struct Args {
     /// Memtable size per shard, MiB (0 = the store's default).
     #[arg(long)]
     memtable_mib: Option<u64>,
+    /// Fault in the memtables' memory at start (`true`, the default) or as
+    /// writes first reach it (`false`).
+    #[arg(long)]
+    prefault_memory: Option<bool>,
     /// A uid allowed to open sessions (repeat for more).
     #[arg(long = "allow-uid")]
     allow_uid: Vec<u32>,
@@ -84,6 +88,9 @@ fn config(a: &Args) -> Result<Config, String> {
     }
     if let Some(v) = a.memtable_mib {
         c.memtable_mib = v;
+    }
+    if let Some(v) = a.prefault_memory {
+        c.prefault_memory = v;
     }
     if !a.allow_uid.is_empty() {
         c.allowed_uids = a.allow_uid.clone();
