@@ -229,12 +229,33 @@ impl Sim {
     }
 
     fn new(seed: u64) -> Sim {
+        let mut sim = Sim::bare(seed, None);
+        for i in 0..3 {
+            sim.add_operator(i);
+            // One subtask for the first, two for the others.
+            sim.open_parts(i, 1 + usize::from(i > 0));
+        }
+        // A first checkpoint of the empty state: every operator has one to
+        // restore after a crash.
+        for o in 0..sim.operators.len() {
+            sim.checkpoint(o);
+        }
+        while sim.operators.iter().any(|o| o.restorable.is_none()) {
+            sim.step();
+            sim.reap();
+        }
+        sim
+    }
+
+    /// A simulator with a shard and no operators yet (fsyncs taking
+    /// `slow_fsync` if set).
+    fn bare(seed: u64, slow_fsync: Option<Duration>) -> Sim {
         // The store's and the shard's clock is this thread's own, moved by
         // the turns: the run depends on nothing but the seed.
         stator_store::clock::simulate(true);
         let dir = tempfile::tempdir().unwrap();
-        let (shard, tx, registry) = open_shard(dir.path(), None, None).unwrap();
-        let mut sim = Sim {
+        let (shard, tx, registry) = open_shard(dir.path(), None, slow_fsync).unwrap();
+        Sim {
             rng: Rng(seed),
             seed,
             dir,
@@ -250,28 +271,18 @@ impl Sim {
             dying: false,
             digest: 0xcbf2_9ce4_8422_2325,
             counts: Counts::default(),
-        };
-        for i in 0..3 {
-            sim.operators.push(Operator {
-                name: format!("op{i}"),
-                model: Model::default(),
-                unknown: HashSet::new(),
-                restorable: None,
-                pending: HashMap::new(),
-            });
-            // One subtask for the first, two for the others.
-            sim.open_parts(i, 1 + usize::from(i > 0));
         }
-        // A first checkpoint of the empty state: every operator has one to
-        // restore after a crash.
-        for o in 0..sim.operators.len() {
-            sim.checkpoint(o);
-        }
-        while sim.operators.iter().any(|o| o.restorable.is_none()) {
-            sim.step();
-            sim.reap();
-        }
-        sim
+    }
+
+    /// Operator `i` (`op{i}`), with no state and no subtask yet.
+    fn add_operator(&mut self, i: usize) {
+        self.operators.push(Operator {
+            name: format!("op{i}"),
+            model: Model::default(),
+            unknown: HashSet::new(),
+            restorable: None,
+            pending: HashMap::new(),
+        });
     }
 
     /// Opens `parts` sessions of operator `o`, over its key groups split
@@ -1067,4 +1078,88 @@ fn a_seed_replays_exactly() {
     let (b, cb) = run_seed(99, 4_000);
     assert_eq!(a, b, "{ca:?} then {cb:?}");
     assert_eq!(format!("{ca:?}"), format!("{cb:?}"));
+}
+
+/// While writes wait for room (the frozen memtable's flush waits for a
+/// slow fsync and the active one is full), a session's writes stay queued
+/// and another session's reads are still taken and answered.
+#[test]
+fn reads_are_answered_while_writes_wait_for_room() {
+    let mut sim = Sim::bare(5, Some(Duration::from_secs(3600)));
+    sim.add_operator(0);
+    sim.add_operator(1);
+    let kg = (0, KEY_GROUPS - 1);
+    let mut writer = sim.open_client(0, 0, kg);
+    let mut reader = sim.open_client(1, 0, kg);
+    let value = vec![7u8; 4000];
+    let room = |sim: &Sim| sim.shard.as_ref().unwrap().store().write_room();
+    let mut token = 0u64;
+    // Writes until the store has no room left for more.
+    for _ in 0..100_000 {
+        if room(&sim) == 0 {
+            break;
+        }
+        for _ in 0..32 {
+            let key = token.to_be_bytes();
+            let put = Request {
+                value: &value,
+                ..Request::new(Opcode::Put, writer.value_state, (token % 128) as u16, &key)
+            };
+            if writer.session.submit(&put, token).is_err() {
+                break;
+            }
+            token += 1;
+        }
+        writer.session.flush().unwrap();
+        sim.step();
+        writer.session.poll(|_| {}).unwrap();
+    }
+    assert_eq!(room(&sim), 0, "writes never ran out of room");
+    // More writes queue up behind the stall.
+    for t in token..token + 8 {
+        let key = t.to_be_bytes();
+        let put = Request {
+            value: &value,
+            ..Request::new(Opcode::Put, writer.value_state, (t % 128) as u16, &key)
+        };
+        writer.session.submit(&put, t).unwrap();
+    }
+    writer.session.flush().unwrap();
+    let keys: Vec<[u8; 8]> = (0..64u64).map(u64::to_be_bytes).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let get = Request {
+            capacity: 16 << 10,
+            ..Request::new(Opcode::Get, reader.value_state, (i % 128) as u16, key)
+        };
+        reader.session.submit(&get, i as u64).unwrap();
+    }
+    reader.session.flush().unwrap();
+    let mut answered = 0;
+    for _ in 0..50 {
+        sim.step();
+        reader
+            .session
+            .poll(|d| {
+                assert_eq!(
+                    d.status,
+                    Ok(Status::NotFound),
+                    "the reader's own state is empty"
+                );
+                answered += 1;
+            })
+            .unwrap();
+    }
+    assert_eq!(
+        answered,
+        keys.len(),
+        "reads waited behind another session's writes"
+    );
+    assert_eq!(room(&sim), 0, "writes still wait for room");
+    let mut written = 0;
+    writer.session.poll(|_| written += 1).unwrap();
+    assert_eq!(written, 0, "no write was taken without room");
+    let shard = sim.shard.take().unwrap();
+    drop((writer, reader));
+    drop(shard);
+    stator_store::clock::simulate(false);
 }

@@ -243,6 +243,10 @@ struct Session {
     /// Its next descriptor waits for the store, and why: what it queued
     /// is not work until then.
     store_wait: Option<StoreWait>,
+    /// Its next descriptor is a write that waits for write room (see
+    /// `Store::write_headroom`): what it queued is not work while the
+    /// store has none. Other sessions' reads are taken meanwhile.
+    write_wait: bool,
     /// The client broke the queue protocol; nothing more is taken.
     broken: bool,
     /// 4 MiB slots of the chunk region.
@@ -690,6 +694,7 @@ impl<I: Io> Shard<I> {
             dirty: false,
             cq_blocked: false,
             store_wait: None,
+            write_wait: false,
             broken: false,
             chunk_slots: (layout.chunk_len / CHUNK_LEN) as u32,
             export: None,
@@ -773,8 +778,8 @@ impl<I: Io> Shard<I> {
     fn sleep(&mut self) {
         self.stats.sleeps += 1;
         let mut work = !self.rx.is_empty();
-        // Requests queued while writes are stalled are not work: the
-        // shard waits for its store (a flush step or its sort) instead.
+        // Writes queued while writes are stalled are not work: the shard
+        // waits for its store (a flush step or its sort) instead.
         let stalled = self.store.write_headroom() <= 0.0;
         // A wait that is over is work: the store changed in this pass
         // (compaction merged layers, an export or import ended) after the
@@ -789,7 +794,8 @@ impl<I: Io> Shard<I> {
                 continue;
             }
             let blocked = s.cq_blocked;
-            let waits = s.store_wait.is_some_and(|w| still(w, &self.store));
+            let waits =
+                s.store_wait.is_some_and(|w| still(w, &self.store)) || (stalled && s.write_wait);
             let in_flight = s.in_flight;
             let r = s
                 .mem
@@ -805,7 +811,7 @@ impl<I: Io> Shard<I> {
                     Ok(sq_work && ring.cq.free_now()? > in_flight)
                 });
             match r {
-                Ok(w) => work |= w && !stalled && !waits,
+                Ok(w) => work |= w && !waits,
                 Err(e) => s.break_off(self.id, &self.live, e.to_string()),
             }
         }

@@ -105,17 +105,16 @@ impl<I: Io> Shard<I> {
         if s.broken {
             return false;
         }
-        // While a flush is behind, requests are taken in proportion to
-        // the room writes have left, and none when there is none (the
-        // client's queue fills; reads already taken finish).
+        // While a flush is behind, writes are taken in proportion to the
+        // room they have left, and none when there is none: a session's
+        // queue stops at its first write that may not be taken (the
+        // client's queue fills), while reads, here and in sessions that
+        // do not write, are taken as before.
         let headroom = store.write_headroom();
         // Bytes of writes this pass may take (see Store::write_room): a
         // burst of large puts waits in its queue instead of piling into
         // memtables past the budget.
         let mut write_room = store.write_room();
-        if headroom <= 0.0 {
-            return false;
-        }
         let sid = s.id;
         let (owner, job, operator) = (&s.owner, &s.job, &s.operator);
         let (kg_lo, kg_hi) = s.key_groups;
@@ -124,6 +123,7 @@ impl<I: Io> Shard<I> {
         let max_in_flight = s.max_in_flight;
         let cq_blocked = &mut s.cq_blocked;
         let store_wait = &mut s.store_wait;
+        let write_wait = &mut s.write_wait;
         let to_client = &s.to_client;
         let chunk_slots = s.chunk_slots;
         let requests = &mut s.requests;
@@ -152,12 +152,14 @@ impl<I: Io> Shard<I> {
                 }
                 let room = ring.cq.free_now()?.saturating_sub(*in_flight);
                 let room = room.min(max_in_flight.saturating_sub(*in_flight));
-                let admit = ((*batch as f64 * headroom).ceil() as u32).max(1);
-                let n = avail.min(room).min(admit);
+                // (A negative headroom saturates to none.)
+                let write_admit = (*batch as f64 * headroom).ceil() as u32;
+                let n = avail.min(room).min(*batch);
                 *cq_blocked = n == 0;
                 if n == 0 {
                     return Ok(false);
                 }
+                *write_wait = false;
                 let t0 = Instant::now();
                 let mut tally = Tally::default();
                 *requests += n as u64;
@@ -174,7 +176,7 @@ impl<I: Io> Shard<I> {
                 for q in sqes.iter().take(PREFETCH_AHEAD) {
                     ring.view().prefetch(base + q.key.off as usize, false);
                 }
-                let mut writes_taken = false;
+                let mut writes = 0u32;
                 for (i, sqe) in sqes.iter().enumerate() {
                     if let Some(q) = sqes.get(i + PREFETCH_AHEAD) {
                         ring.view().prefetch(base + q.key.off as usize, false);
@@ -188,15 +190,20 @@ impl<I: Io> Shard<I> {
                             .iter()
                             .map(|b| b.len as usize)
                             .sum::<usize>();
-                        if writes_taken && len > write_room {
+                        if writes >= write_admit || (writes > 0 && len > write_room) {
                             // This write and the rest stay queued until a
-                            // flush makes room.
+                            // flush makes room (the first write of a pass
+                            // with any room is taken, however large).
                             let rest = (sqes.len() - i) as u32;
                             ring.sq.unpop(rest);
                             *requests -= u64::from(rest);
+                            *write_wait = true;
+                            if i == 0 {
+                                return Ok(false);
+                            }
                             break;
                         }
-                        writes_taken = true;
+                        writes += 1;
                         write_room = write_room.saturating_sub(len);
                     }
                     let op = Opcode::from_u8(sqe.opcode);
