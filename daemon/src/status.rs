@@ -360,6 +360,8 @@ struct Gathered {
     shards: Vec<(Arc<ShardReport>, u64)>,
     stuck: Vec<(usize, Duration)>,
     ops: OpSnapshot,
+    /// The shards' loop turns that did work (`Live::turns`), summed.
+    turns: crate::metrics::HistSnapshot,
     data_dir: PathBuf,
     data_dir_bytes: u64,
     /// Jobs and states in the registry, and jobs dropped since the start.
@@ -370,12 +372,14 @@ impl Gathered {
     fn now(ctx: &Ctx, beats: &Beats, started: Instant) -> Gathered {
         let cfg = ctx.cfg();
         let mut ops = OpSnapshot::default();
+        let mut turns = crate::metrics::HistSnapshot::default();
         let shards = ctx
             .shards
             .iter()
             .map(|h| {
                 let o = h.live.ops.read();
                 ops.add(&o);
+                turns.add(&h.live.turns.read());
                 (h.live.report.get(), o.requests.iter().sum())
             })
             .collect();
@@ -387,6 +391,7 @@ impl Gathered {
             shards,
             stuck: beats.stuck(ctx),
             ops,
+            turns,
             data_dir: cfg.data_dir.clone(),
             data_dir_bytes: dir_bytes(&cfg.data_dir),
             registry: {
@@ -827,6 +832,19 @@ impl Collector for Gathered {
                 .enumerate()
                 .map(|(i, h)| (op_name(i), h)),
         )?;
+        {
+            let h = &self.turns;
+            let buckets: Vec<(f64, u64)> = (0..BUCKETS)
+                .map(|i| (bucket_bound_s(i), h.buckets[i]))
+                .collect();
+            e.encode_descriptor(
+                "shard_turn_duration_seconds",
+                "Turns of the shards' loops that did work (control messages, every session's queue, store completions and background steps): a descriptor waits about one turn before it is taken, so a long turn stalls every session of its shard",
+                None,
+                MetricType::Histogram,
+            )?
+            .encode_histogram::<NoLabelSet>(h.sum_ns as f64 / 1e9, h.count(), &buckets, None)?;
+        }
         let sess = self.shards.iter().flat_map(|(r, _)| &r.sessions);
         gauge(
             &mut e,
@@ -1109,6 +1127,10 @@ mod tests {
         assert!(body.contains("shard 0 has not moved"), "{body}");
         let (_, m) = get(&c, &b, "/metrics", true);
         assert!(m.contains("stator_shard_up{shard=\"0\"} 0"), "{m}");
+        assert!(
+            m.contains("stator_shard_turn_duration_seconds_count 0"),
+            "{m}"
+        );
         // Write stalls are reported by cause (none yet).
         for cause in ["flush", "clearing"] {
             assert!(

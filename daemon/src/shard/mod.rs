@@ -45,7 +45,7 @@ use stator_store::{
     RestoreSpec, Restored, StateKind, Store, StoreError, Submitted,
 };
 
-use crate::metrics::{OpMetrics, Report, SessionReport, ShardReport, Tally};
+use crate::metrics::{Hist, OpMetrics, Report, SessionReport, ShardReport, Tally};
 use crate::registry::{Registry, RegistryView};
 
 mod checkpoint;
@@ -141,6 +141,11 @@ pub struct Live {
     /// Per-operation counters and latencies ([`OpMetrics::total`]: the
     /// requests taken so far).
     pub ops: OpMetrics,
+    /// How long each turn of its loop that did work took (control
+    /// messages, every session's queue, the store's completions and
+    /// background steps): a descriptor waits for at most about one turn
+    /// before it is taken, so a long turn is a stall of every session.
+    pub turns: Hist,
     /// Sessions, store and checkpoints, rebuilt every [`REPORT_EVERY`].
     pub report: Report,
     /// Sessions that broke the queue protocol, with why, for the control
@@ -488,12 +493,16 @@ impl<I: Io> Shard<I> {
             if self.report_now {
                 self.maybe_report(Instant::now(), &mut reported);
             }
-            self.control();
+            let turn = Instant::now();
+            let told = self.control();
             if self.stopping {
                 self.finish();
                 return self.stats;
             }
             let progress = self.pass();
+            if progress || told {
+                self.live.turns.record(turn.elapsed().as_nanos() as u64, 1);
+            }
             if progress {
                 idle_since = None;
                 // A busy loop reads the clock for its report only now and
@@ -561,17 +570,20 @@ impl<I: Io> Shard<I> {
         progress
     }
 
-    fn control(&mut self) {
+    /// Handles the control messages waiting; whether there were any.
+    fn control(&mut self) -> bool {
+        let mut told = false;
         loop {
             let m = match self.rx.try_recv() {
                 Ok(m) => m,
-                Err(crossbeam_channel::TryRecvError::Empty) => return,
+                Err(crossbeam_channel::TryRecvError::Empty) => return told,
                 // The daemon is gone without a word: stop as on Shutdown.
                 Err(crossbeam_channel::TryRecvError::Disconnected) => {
                     self.stopping = true;
-                    return;
+                    return true;
                 }
             };
+            told = true;
             match m {
                 ShardMsg::Open {
                     session,
