@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Plots `stator-bench load --json` runs over time: ops/s and p99 per window.
+"""Plots `stator-bench load --json` runs over time: ops/s and p99 per window
+(also `stator-bench serve --window-ms N --json` runs of one depth: their
+`t=` cases are windows the same way).
 
 Usage: benches/plot-load.py OUT.svg LABEL=RUN.json [LABEL=RUN.json ...]
 Writes a self-contained SVG (no plotting library needed): one panel of
@@ -39,7 +41,8 @@ def panel(y0, title, series, value, log):
         v = lo + (hi - lo) * frac
         label = 10 ** v if log else v
         yy = y0 + H - 30 - (H - 60) * frac
-        s.append(f'<text x="4" y="{yy + 4}" font-size="11">{label:,.0f}</text>')
+        text = f"{label:,.0f}" if label >= 100 else f"{label:.3g}"
+        s.append(f'<text x="4" y="{yy + 4}" font-size="11">{text}</text>')
     s.append(f'<text x="{W - PAD}" y="{y0 + H - 12}" font-size="11" text-anchor="end">t = {tmax:.0f} s</text>')
     for i, (name, pts) in enumerate(series):
         path = " ".join(f"{x(p[0]):.1f},{y(value(p)):.1f}" for p in pts)
@@ -53,7 +56,7 @@ def main():
     out, runs = sys.argv[1], sys.argv[2:]
     series = [(r.split("=", 1)[0], windows(r.split("=", 1)[1])) for r in runs]
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{2 * H}" font-family="sans-serif">']
-    svg += panel(0, "ops/s per one-second window", series, lambda p: p[1], False)
+    svg += panel(0, "ops/s per window", series, lambda p: p[1], False)
     svg += panel(H, "p99 latency per window, ms (log scale)", series, lambda p: p[2], True)
     svg.append("</svg>")
     open(out, "w").write("\n".join(svg) + "\n")

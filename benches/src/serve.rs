@@ -70,10 +70,15 @@ pub struct ServeArgs {
     /// what a writer at full speed costs its shard's readers.
     #[arg(long)]
     beside_writer: bool,
-    /// Start statord with `prefault_memory = true` (its memtables' memory
-    /// faulted in at start).
+    /// Also report every window of this many milliseconds of each daemon
+    /// point (cases `t=<end>s`, with `of` naming the point): latency over
+    /// time, for one depth at a time (`benches/plot-load.py` plots them).
     #[arg(long)]
-    prefault_memory: bool,
+    window_ms: Option<u64>,
+    /// Start statord with `prefault_memory = false` (its memtables' memory
+    /// faulted in as writes first reach it, not at start as by default).
+    #[arg(long)]
+    no_prefault_memory: bool,
 }
 
 /// Arguments of the hidden daemon process.
@@ -89,7 +94,29 @@ pub struct DaemonArgs {
     #[arg(long)]
     cpu: Option<usize>,
     #[arg(long)]
-    prefault_memory: bool,
+    no_prefault_memory: bool,
+}
+
+/// Adds the shard's turns between two reads of
+/// [`DaemonProc::shard_turns`] to a case: the p99 and the longest turn
+/// (bucket upper bounds, powers of two), in microseconds. A stall of the
+/// daemon shows here; a client's own scheduling does not.
+fn with_turns(c: Case, before: &[(f64, u64)], after: &[(f64, u64)]) -> Case {
+    let count = |v: &[(f64, u64)], i: usize| v.get(i).map_or(0, |b| b.1);
+    let total = count(after, after.len().wrapping_sub(1))
+        .saturating_sub(count(before, before.len().wrapping_sub(1)));
+    if after.is_empty() || before.len() != after.len() || total == 0 {
+        return c;
+    }
+    let at = |q: f64| {
+        let want = ((total as f64) * q).ceil() as u64;
+        let i = (0..after.len())
+            .find(|&i| count(after, i).saturating_sub(count(before, i)) >= want)
+            .unwrap_or(after.len() - 1);
+        (after[i].0 * 1e6).round()
+    };
+    c.with("shard_turn_p99_us", at(0.99))
+        .with("shard_turn_max_us", at(1.0))
 }
 
 pub(crate) fn pin(cpu: usize) {
@@ -115,9 +142,11 @@ pub fn daemon_main(a: DaemonArgs) {
         memory_budget_mib: a.budget_mib,
         memtable_mib: a.memtable_mib,
         spin_us: a.spin_us,
-        prefault_memory: a.prefault_memory,
         ..Default::default()
     };
+    if a.no_prefault_memory {
+        cfg.prefault_memory = false;
+    }
     cfg.session.max_entries = 1 << 17;
     let cfg = cfg.resolve().expect("daemon config");
     let mut sigs = nix::sys::signal::SigSet::empty();
@@ -147,7 +176,7 @@ impl DaemonProc {
             .args(["--budget-mib", &budget_mib.to_string()])
             .args(["--memtable-mib", &memtable_mib.to_string()])
             .args(["--spin-us", &spin_us.to_string()])
-            .args(prefault_memory.then_some("--prefault-memory"))
+            .args((!prefault_memory).then_some("--no-prefault-memory"))
             .env("STATOR_LOG", "warn");
         if cores() >= 2 {
             cmd.args(["--cpu", "1"]);
@@ -163,6 +192,36 @@ impl DaemonProc {
             std::thread::sleep(Duration::from_millis(10));
         }
         DaemonProc { child, socket }
+    }
+
+    /// The daemon's `stator_shard_turn_duration_seconds` histogram from
+    /// its status socket: (upper bound in seconds, cumulative count) per
+    /// bucket; empty if it could not be read.
+    pub(crate) fn shard_turns(&self) -> Vec<(f64, u64)> {
+        use std::io::{Read, Write};
+        let read = || -> std::io::Result<String> {
+            let mut c =
+                std::os::unix::net::UnixStream::connect(self.socket.with_file_name("status.sock"))?;
+            c.write_all(b"GET /metrics HTTP/1.1\r\nHost: statord\r\nConnection: close\r\n\r\n")?;
+            let mut body = String::new();
+            c.read_to_string(&mut body)?;
+            Ok(body)
+        };
+        let Ok(body) = read() else {
+            return Vec::new();
+        };
+        body.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("stator_shard_turn_duration_seconds_bucket{le=\"")?;
+                let (le, count) = rest.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, count.trim().parse().ok()?))
+            })
+            .collect()
     }
 
     /// User + system CPU seconds the daemon has used.
@@ -225,17 +284,51 @@ struct Run {
     errors: u64,
     /// CPU time of the client thread(s).
     cpu: Duration,
+    /// With `Point::window`: each window's completions and latencies, in
+    /// order from the start.
+    windows: Vec<(u64, hdrhistogram::Histogram<u64>)>,
 }
 
 impl Run {
     /// Adds a run of the same point that came after this one (ops and time
-    /// add up).
+    /// add up, its windows follow).
     fn merge(&mut self, o: Run) {
         self.ops += o.ops;
         self.elapsed += o.elapsed;
         self.hist.add(&o.hist).expect("same bounds");
         self.errors += o.errors;
         self.cpu += o.cpu;
+        self.windows.extend(o.windows);
+    }
+
+    /// Adds a run of the same point that ran at the same time (counts add
+    /// up, window by window; the time is the longer).
+    fn merge_at_once(&mut self, mut o: Run) {
+        let elapsed = self.elapsed.max(o.elapsed);
+        let theirs = std::mem::take(&mut o.windows);
+        if self.windows.len() < theirs.len() {
+            self.windows.resize_with(theirs.len(), || (0, histogram()));
+        }
+        for ((n, h), (m, g)) in self.windows.iter_mut().zip(theirs) {
+            *n += m;
+            h.add(&g).expect("same bounds");
+        }
+        self.merge(o);
+        self.elapsed = elapsed;
+    }
+
+    /// Its windows as cases `t=<end>s` of point `of`.
+    fn window_cases(&self, of: &str, window: Duration) -> Vec<Case> {
+        self.windows
+            .iter()
+            .enumerate()
+            .map(|(i, (n, h))| {
+                let t = (i + 1) as f64 * window.as_secs_f64();
+                Case::new(SUITE, format!("t={t:.3}s"), *n, window)
+                    .latency(h.clone())
+                    .with("of", of)
+            })
+            .collect()
     }
 
     /// Client CPU nanoseconds per completed request.
@@ -253,6 +346,8 @@ struct Point<'a> {
     put_percent: u64,
     value: &'a [u8],
     seed: u64,
+    /// Also keep each window of this length apart.
+    window: Option<Duration>,
 }
 
 /// A client the closed loop drives: the Rust client, or the C ABI.
@@ -364,9 +459,7 @@ fn on_every_session<'v, C: Client + Send>(
     let mut runs = runs.into_iter();
     let mut all = runs.next().expect("one client at least");
     for x in runs {
-        let elapsed = all.elapsed.max(x.elapsed);
-        all.merge(x);
-        all.elapsed = elapsed;
+        all.merge_at_once(x);
     }
     all
 }
@@ -378,15 +471,19 @@ fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
         put_percent,
         value: v,
         seed,
+        window,
     } = p;
     let mut rng = Rng(seed);
     let mut hist = histogram();
+    let mut windows = Vec::new();
+    let mut win = (0u64, histogram());
     let mut started: Slab<Instant> = Slab::with_capacity(depth);
     let (mut ops, mut errors) = (0u64, 0u64);
     let cpu0 = thread_cpu();
     let t = Instant::now();
     let end = t + dur;
     let mut now = t;
+    let mut win_end = window.map(|w| t + w);
     while now < end {
         while started.len() < depth {
             let i = keys[rng.below(keys.len() as u64) as usize];
@@ -401,17 +498,27 @@ fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
         c.flush();
         let got = c.poll(|token, ok| {
             let t0 = started.remove(token as usize);
-            hist.record(t0.elapsed().as_nanos().max(1) as u64)
-                .expect("in range");
+            let ns = t0.elapsed().as_nanos().max(1) as u64;
+            hist.record(ns).expect("in range");
+            if win_end.is_some() {
+                win.1.record(ns).expect("in range");
+            }
             if !ok {
                 errors += 1;
             }
         });
         ops += got as u64;
+        win.0 += got as u64;
         if got == 0 {
             c.wait();
         }
         now = Instant::now();
+        if let (Some(e), Some(w)) = (win_end.as_mut(), window)
+            && now >= *e
+        {
+            windows.push(std::mem::replace(&mut win, (0, histogram())));
+            *e += w;
+        }
     }
     let elapsed = t.elapsed();
     let cpu = thread_cpu().saturating_sub(cpu0);
@@ -430,6 +537,7 @@ fn closed_loop(c: &mut impl Client, keys: &[u64], p: Point<'_>) -> Run {
         hist,
         errors,
         cpu,
+        windows,
     }
 }
 
@@ -444,6 +552,7 @@ pub fn run(a: ServeArgs) {
         }
     });
     let dur = Duration::from_secs_f64(secs);
+    let window = a.window_ms.map(|ms| Duration::from_millis(ms.max(1)));
     // Everything in memory: the memtable holds the whole load.
     let memtable_mib = ((n * (a.value_bytes as u64 + 64)) >> 20).max(64) * 2;
     let budget_mib = memtable_mib * 3;
@@ -453,7 +562,7 @@ pub fn run(a: ServeArgs) {
         json!({"keys": n, "value_bytes": a.value_bytes, "sessions": a.sessions, "put_percent": a.put_percent,
                "seconds_per_point": secs, "depths": depths, "daemon_spin_us": a.spin_us,
                "budget_mib": budget_mib, "memtable_mib": memtable_mib, "quick": a.quick,
-               "prefault_memory": a.prefault_memory,
+               "prefault_memory": !a.no_prefault_memory,
                "pinned": cores() >= 2}),
     );
     let dir = tempfile::Builder::new()
@@ -468,7 +577,7 @@ pub fn run(a: ServeArgs) {
         budget_mib,
         memtable_mib,
         a.spin_us,
-        a.prefault_memory,
+        !a.no_prefault_memory,
     );
     if cores() >= 2 {
         pin(0);
@@ -553,6 +662,8 @@ pub fn run(a: ServeArgs) {
             6
         };
         let v: &[u8] = &vals[7];
+        // (Windows of a point cut into slices would interleave clients.)
+        let window = window.filter(|_| slices == 1);
         let point = |round: u32| {
             move |i: usize| Point {
                 depth: per,
@@ -560,6 +671,7 @@ pub fn run(a: ServeArgs) {
                 put_percent,
                 value: v,
                 seed: 1000 + depth as u64 + i as u64 + 7919 * round as u64,
+                window,
             }
         };
         let (mut rust, keys): (Vec<(&mut Session, ValueState)>, Vec<&[u64]>) = conns
@@ -575,6 +687,7 @@ pub fn run(a: ServeArgs) {
                 scratch: Vec::new(),
             })
             .collect();
+        let turns0 = d.shard_turns();
         let (mut x, mut y): (Option<Run>, Option<Run>) = (None, None);
         let add = |acc: &mut Option<Run>, r: Run| match acc {
             Some(a) => a.merge(r),
@@ -598,13 +711,19 @@ pub fn run(a: ServeArgs) {
             format!("get_depth{depth}_daemon")
         };
         let rust_cpu = x.cpu_ns_per_op();
+        let windows = window.map(|w| x.window_cases(&name, w));
+        // (The shard's turns over the point: both clients' slices.)
         let c = Case::new(SUITE, name, x.ops, x.elapsed)
             .latency(x.hist)
             .with("in_flight", depth)
             .with("sessions", sessions)
             .with("client", "rust")
             .with("client_cpu_ns_per_op", rust_cpu.round());
+        let c = with_turns(c, &turns0, &d.shard_turns());
         r.case(&c);
+        for w in windows.iter().flatten() {
+            r.case(w);
+        }
         if let Some(y) = y {
             assert_eq!(
                 y.errors, 0,
@@ -643,15 +762,21 @@ pub fn run(a: ServeArgs) {
             put_percent: 50,
             value: &vals[9],
             seed: 77,
+            window,
         };
+        let turns0 = d.shard_turns();
         let x = closed_loop(&mut (s, *st), mine, p);
         assert_eq!(x.errors, 0);
-        r.case(
-            &Case::new(SUITE, "get_put_50_50_depth256_daemon", x.ops, x.elapsed).latency(x.hist),
-        );
+        let name = "get_put_50_50_depth256_daemon";
+        let windows = window.map(|w| x.window_cases(name, w));
+        let c = Case::new(SUITE, name, x.ops, x.elapsed).latency(x.hist);
+        r.case(&with_turns(c, &turns0, &d.shard_turns()));
+        for w in windows.iter().flatten() {
+            r.case(w);
+        }
     }
     if a.beside_writer && conns.len() >= 2 {
-        gets_beside_a_writer(&mut r, &mut conns, dur, &vals[11]);
+        gets_beside_a_writer(&mut r, &d, &mut conns, (dur, window), &vals[11]);
     }
     drop(conns);
     drop(d);
@@ -721,10 +846,12 @@ pub fn run(a: ServeArgs) {
 /// case, their runs merged) beside the writer's rate.
 fn gets_beside_a_writer(
     r: &mut Reporter,
+    d: &DaemonProc,
     conns: &mut [(Session, ValueState, Vec<u64>)],
-    dur: Duration,
+    (dur, window): (Duration, Option<Duration>),
     value: &[u8],
 ) {
+    let turns0 = d.shard_turns();
     let runs: Vec<Run> = std::thread::scope(|sc| {
         let hs: Vec<_> = conns
             .iter_mut()
@@ -736,6 +863,7 @@ fn gets_beside_a_writer(
                     put_percent: if i == 0 { 100 } else { 0 },
                     value,
                     seed: 4242 + i as u64,
+                    window,
                 };
                 sc.spawn(move || {
                     if cores() >= 2 {
@@ -753,23 +881,20 @@ fn gets_beside_a_writer(
     let writer = runs.next().expect("the writer");
     let mut readers = runs.next().expect("a reader");
     for x in runs {
-        let elapsed = readers.elapsed.max(x.elapsed);
-        readers.merge(x);
-        readers.elapsed = elapsed;
+        readers.merge_at_once(x);
     }
     assert_eq!(writer.errors + readers.errors, 0, "beside a writer");
     let puts_per_sec = writer.ops as f64 / writer.elapsed.as_secs_f64();
-    r.case(
-        &Case::new(
-            SUITE,
-            "get_beside_writer_depth256_daemon",
-            readers.ops,
-            readers.elapsed,
-        )
+    let name = "get_beside_writer_depth256_daemon";
+    let windows = window.map(|w| readers.window_cases(name, w));
+    let c = Case::new(SUITE, name, readers.ops, readers.elapsed)
         .latency(readers.hist)
         .with("in_flight", 256)
-        .with("writer_puts_per_sec", puts_per_sec.round()),
-    );
+        .with("writer_puts_per_sec", puts_per_sec.round());
+    r.case(&with_turns(c, &turns0, &d.shard_turns()));
+    for w in windows.iter().flatten() {
+        r.case(w);
+    }
 }
 
 /// Loads the same keys into a `Store` in this process; gets one at a time
