@@ -20,7 +20,7 @@ pub(super) fn take(
     let v = sqe
         .validate(ring.arena())
         .map_err(|e| (Status::from(e), Out::None))?;
-    match Action::of(v.op) {
+    match Action::of(v.op, v.arg).map_err(|st| (st, Out::None))? {
         Some(action) => take_keyed(ring, &v, states, key_groups, scratch, action),
         // Not keyed: answered without the store.
         None => Ok(None),
@@ -43,14 +43,6 @@ pub(super) fn take_keyed(
     }
     if v.key_group < kg_lo || v.key_group > kg_hi {
         return Err((Status::BadKeyGroup, Out::None));
-    }
-    if action == Action::MapIter
-        && !matches!(
-            v.arg,
-            iter_mode::KEYS | iter_mode::VALUES | iter_mode::ENTRIES
-        )
-    {
-        return Err((Status::BadArgument, Out::None));
     }
     let fields = v.op.fields();
     let out = take_out(ring, v)?;
@@ -93,7 +85,6 @@ pub(super) fn take_keyed(
         ns,
         uk,
         val,
-        arg: v.arg,
         out,
     }))
 }
@@ -167,7 +158,7 @@ pub(super) fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
         Action::MapPut => Op::MapPut(k, uk, val),
         Action::MapRemove => Op::MapRemove(k, uk),
         Action::MapContains => Op::MapContains(k, uk),
-        Action::MapIter => {
+        Action::MapIter(mode) => {
             let cap = match it.out {
                 Out::Range(r) => r.len,
                 Out::Buf { len, .. } => len,
@@ -175,11 +166,7 @@ pub(super) fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
             };
             Op::MapIter {
                 map: k,
-                mode: match it.arg {
-                    iter_mode::KEYS => IterMode::Keys,
-                    iter_mode::VALUES => IterMode::Values,
-                    _ => IterMode::Entries,
-                },
+                mode,
                 after: (it.flags & sqe_flags::ITER_RESUME != 0).then_some(uk),
                 max_bytes: page_entries_bytes(cap),
             }
@@ -189,8 +176,8 @@ pub(super) fn op_of<'a>(it: &Item, sc: &'a [u8]) -> Op<'a> {
 }
 
 /// What a keyed request asks of the store: decided once from its opcode
-/// ([`Action::of`], exhaustive), so that no opcode falls through to
-/// another's operation.
+/// (and a map iteration's mode from its argument) by [`Action::of`],
+/// exhaustive, so that no opcode falls through to another's operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Action {
     Get,
@@ -203,15 +190,16 @@ pub(super) enum Action {
     MapPut,
     MapRemove,
     MapContains,
-    MapIter,
+    MapIter(IterMode),
     Clear,
 }
 
 impl Action {
     /// The action of a keyed opcode; `None` for the others (answered
     /// without the store, or checkpoint and snapshot requests).
-    fn of(op: Opcode) -> Option<Action> {
-        Some(match op {
+    /// `BadArgument`: a map iteration's `arg` names no mode.
+    fn of(op: Opcode, arg: u64) -> Result<Option<Action>, Status> {
+        Ok(Some(match op {
             Opcode::Get => Action::Get,
             Opcode::Put => Action::Put,
             Opcode::Delete => Action::Delete,
@@ -222,15 +210,20 @@ impl Action {
             Opcode::MapPut => Action::MapPut,
             Opcode::MapRemove => Action::MapRemove,
             Opcode::MapContains => Action::MapContains,
-            Opcode::MapIter => Action::MapIter,
+            Opcode::MapIter => Action::MapIter(match arg {
+                iter_mode::KEYS => IterMode::Keys,
+                iter_mode::VALUES => IterMode::Values,
+                iter_mode::ENTRIES => IterMode::Entries,
+                _ => return Err(Status::BadArgument),
+            }),
             Opcode::Clear => Action::Clear,
             Opcode::Nop
             | Opcode::Checkpoint
             | Opcode::CheckpointNotify
             | Opcode::SnapshotExport
             | Opcode::SnapshotImport
-            | Opcode::ChunkRelease => return None,
-        })
+            | Opcode::ChunkRelease => return Ok(None),
+        }))
     }
 
     /// The kind of state it applies to; `None`: any (a clear).
@@ -242,7 +235,7 @@ impl Action {
             | Action::MapPut
             | Action::MapRemove
             | Action::MapContains
-            | Action::MapIter => Some(StateKind::Map),
+            | Action::MapIter(_) => Some(StateKind::Map),
             Action::Clear => None,
         }
     }
@@ -259,15 +252,39 @@ mod tests {
     fn each_keyed_opcode_has_its_own_action() {
         let mut seen = Vec::new();
         for &op in Opcode::ALL {
-            let a = Action::of(op);
+            let a = Action::of(op, iter_mode::ENTRIES).unwrap();
             assert_eq!(a.is_some(), op.fields().keyed, "{op:?}");
             if let Some(a) = a {
                 assert!(!seen.contains(&a), "{op:?} shares {a:?}");
                 seen.push(a);
-                assert_eq!(format!("{a:?}"), format!("{op:?}"));
+                let name = format!("{a:?}");
+                assert_eq!(name.split('(').next(), Some(&*format!("{op:?}")));
                 assert_eq!(a.kind().is_none(), op == Opcode::Clear, "{op:?}");
             }
         }
+    }
+
+    /// A map iteration's mode is its argument's, and an argument that
+    /// names none is refused (it was once read as `Entries`).
+    #[test]
+    fn a_map_iteration_takes_only_the_modes_there_are() {
+        for (arg, mode) in [
+            (iter_mode::KEYS, IterMode::Keys),
+            (iter_mode::VALUES, IterMode::Values),
+            (iter_mode::ENTRIES, IterMode::Entries),
+        ] {
+            assert_eq!(
+                Action::of(Opcode::MapIter, arg),
+                Ok(Some(Action::MapIter(mode)))
+            );
+        }
+        for arg in [3, 4, 255, u64::MAX] {
+            if ![iter_mode::KEYS, iter_mode::VALUES, iter_mode::ENTRIES].contains(&arg) {
+                assert_eq!(Action::of(Opcode::MapIter, arg), Err(Status::BadArgument));
+            }
+        }
+        // Other opcodes do not read it.
+        assert_eq!(Action::of(Opcode::Get, u64::MAX), Ok(Some(Action::Get)));
     }
 
     #[test]

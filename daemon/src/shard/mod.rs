@@ -48,6 +48,7 @@ use stator_store::{
 use crate::metrics::{Hist, OpMetrics, Report, SessionReport, ShardReport, Tally};
 use crate::registry::{Registry, RegistryView};
 
+mod batch;
 mod checkpoint;
 mod complete;
 mod decode;
@@ -55,6 +56,7 @@ mod report;
 mod service;
 mod snapshot;
 
+use batch::*;
 use checkpoint::*;
 use complete::*;
 use decode::*;
@@ -315,7 +317,6 @@ struct Item {
     ns: Range<usize>,
     uk: Range<usize>,
     val: Range<usize>,
-    arg: u64,
     out: Out,
 }
 
@@ -377,9 +378,9 @@ pub struct Shard<I: Io = UringIo> {
     remote_armed: bool,
     spin: Duration,
     batch: u32,
-    scratch: Vec<u8>,
-    items: Vec<Item>,
-    tokens: Vec<u64>,
+    /// The batch a pass takes from a session, and the descriptors it
+    /// popped.
+    taken: Batch,
     sqes: Vec<Sqe>,
     ready: Vec<u64>,
     /// A chunk being imported, copied out of shared memory.
@@ -460,9 +461,7 @@ impl<I: Io> Shard<I> {
             remote_armed: false,
             spin,
             batch,
-            scratch: Vec::new(),
-            items: Vec::new(),
-            tokens: Vec::new(),
+            taken: Batch::default(),
             sqes: Vec::new(),
             ready: Vec::new(),
             chunk: Vec::new(),

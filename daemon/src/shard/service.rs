@@ -5,70 +5,6 @@
 
 use super::*;
 
-/// Runs the validated requests of a batch (bytes in `scratch`) through the
-/// store and pushes the completions of those answered at once; the others
-/// complete through [`Shard::reap`]. Leaves the batch empty.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn run_batch<I: Io>(
-    store: &mut Store<I>,
-    ring: &mut Ring<'_>,
-    pending: &mut Slab<Pending>,
-    (sid, t0): (u64, Instant),
-    in_flight: &mut u32,
-    stats: &mut ShardStats,
-    (ops_m, tally): (&OpMetrics, &mut Tally),
-    (items, tokens, scratch): (&mut Vec<Item>, &mut Vec<u64>, &mut Vec<u8>),
-) -> Result<(), QueueError> {
-    if items.is_empty() {
-        return Ok(());
-    }
-    tokens.clear();
-    for it in items.iter() {
-        tokens.push(pending.insert(Pending {
-            t0,
-            session: sid,
-            user_data: it.user_data,
-            op: it.op,
-            out: it.out,
-            arg: 0,
-        }) as u64);
-    }
-    let sc = &scratch[..];
-    let ops: Vec<Op<'_>> = items.iter().map(|it| op_of(it, sc)).collect();
-    let mut err: Result<(), QueueError> = Ok(());
-    store.submit_batch(tokens, &ops, |i, res| {
-        // The result buffer a few requests ahead: write intent.
-        if let Some(Out::Range(r)) = items.get(i + PREFETCH_AHEAD).map(|it| it.out) {
-            ring.view().prefetch(r.off, true);
-            ring.view().prefetch(r.off + 64, true);
-        }
-        let tok = tokens[i] as usize;
-        let (p, res) = match res {
-            Ok(Submitted::Pending) => {
-                *in_flight += 1;
-                return;
-            }
-            Ok(Submitted::Ready(o)) => (pending.remove(tok), Ok(o)),
-            Err(e) => {
-                stats.errors += 1;
-                (pending.remove(tok), Err(e))
-            }
-        };
-        tally.add(p.op);
-        let c = completion(ring, &p, res);
-        if c.status < 0 {
-            ops_m.error(p.op as u8);
-        }
-        if err.is_ok() {
-            err = push(ring, &c);
-        }
-    });
-    drop(ops);
-    items.clear();
-    scratch.clear();
-    err
-}
-
 /// The completion of a request answered without the store.
 pub(super) fn immediate(sqe: &Sqe) -> Cqe {
     match Opcode::from_u8(sqe.opcode) {
@@ -91,9 +27,7 @@ impl<I: Io> Shard<I> {
             view,
             sessions,
             pending,
-            scratch,
-            items,
-            tokens,
+            taken,
             sqes,
             stats,
             batch,
@@ -131,21 +65,6 @@ impl<I: Io> Shard<I> {
         let r = s
             .mem
             .with_dependent_mut(|_, ring| -> Result<bool, QueueError> {
-                // Runs the batch copied so far (the same borrows each time).
-                macro_rules! run_batch {
-                    ($t0:ident, $tally:ident) => {
-                        run_batch(
-                            store,
-                            ring,
-                            pending,
-                            (sid, $t0),
-                            in_flight,
-                            stats,
-                            (&live.ops, &mut $tally),
-                            (items, tokens, scratch),
-                        )?
-                    };
-                }
                 let avail = ring.sq.available()?;
                 if avail == 0 {
                     return Ok(false);
@@ -160,11 +79,17 @@ impl<I: Io> Shard<I> {
                     return Ok(false);
                 }
                 *write_wait = false;
-                let t0 = Instant::now();
                 let mut tally = Tally::default();
+                let mut who = Runner {
+                    session: sid,
+                    t0: Instant::now(),
+                    in_flight,
+                    stats,
+                    ops: &live.ops,
+                    tally: &mut tally,
+                };
                 *requests += n as u64;
-                scratch.clear();
-                items.clear();
+                taken.clear();
                 sqes.clear();
                 for _ in 0..n {
                     let Some(sqe) = ring.sq.pop()? else { break };
@@ -242,7 +167,7 @@ impl<I: Io> Shard<I> {
                         break;
                     }
                     *store_wait = None;
-                    stats.requests += 1;
+                    who.stats.requests += 1;
                     live.ops.request(sqe.opcode);
                     if matches!(
                         op,
@@ -256,11 +181,12 @@ impl<I: Io> Shard<I> {
                     ) {
                         // A barrier: every earlier request takes effect
                         // (or fixes its snapshot) first.
-                        run_batch!(t0, tally);
-                        let who = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
+                        taken.run(store, ring, pending, &mut who)?;
+                        let id = (&owner[..], &job[..], &operator[..], (kg_lo, kg_hi));
+                        let in_flight = &mut *who.in_flight;
                         let c = if matches!(op, Some(Opcode::Checkpoint | Opcode::CheckpointNotify))
                         {
-                            checkpoint_op(store, ring, sqe, who, view, pending, sid, in_flight)
+                            checkpoint_op(store, ring, sqe, id, view, pending, sid, in_flight)
                         } else {
                             let ctx = SnapshotCtx {
                                 registry,
@@ -273,39 +199,37 @@ impl<I: Io> Shard<I> {
                                 import,
                                 chunk,
                             };
-                            snapshot_op(store, ring, sqe, who, ctx)?
+                            snapshot_op(store, ring, sqe, id, ctx)?
                         };
                         if let Some(c) = c {
                             if c.status < 0 {
                                 live.ops.error(sqe.opcode);
                             }
-                            tally.add(op.expect("matched above"));
+                            who.tally.add(op.expect("matched above"));
                             push(ring, &c)?;
                         }
                         continue;
                     }
-                    match take(ring, sqe, states, (kg_lo, kg_hi), scratch) {
-                        Ok(Some(item)) => {
-                            items.push(item);
-                            if scratch.len() >= BATCH_BYTES {
-                                // Large values: run what is copied so far,
-                                // so one batch never holds more than this.
-                                run_batch!(t0, tally);
+                    match taken.take(ring, sqe, states, (kg_lo, kg_hi)) {
+                        Taken::Batched { full } => {
+                            if full {
+                                // Large values: run what is copied so far.
+                                taken.run(store, ring, pending, &mut who)?;
                             }
                         }
-                        Ok(None) => {
+                        Taken::Answered => {
                             // Answered at once (no-op, not supported here).
                             let c = immediate(sqe);
                             if let Some(op) = op {
-                                tally.add(op);
+                                who.tally.add(op);
                             }
                             push(ring, &c)?;
                         }
-                        Err((st, out)) => {
-                            stats.errors += 1;
+                        Taken::Refused((st, out)) => {
+                            who.stats.errors += 1;
                             live.ops.error(sqe.opcode);
                             if let Some(op) = op {
-                                tally.add(op);
+                                who.tally.add(op);
                             }
                             push(ring, &answer(sqe.user_data, st, out))?;
                         }
@@ -315,12 +239,10 @@ impl<I: Io> Shard<I> {
                     // The client waits for room in its submission queue.
                     to_client.ring();
                 }
-                run_batch!(t0, tally);
-                tally.record(&live.ops, t0.elapsed().as_nanos() as u64);
-                if scratch.capacity() > 2 * BATCH_BYTES {
-                    scratch.clear();
-                    scratch.shrink_to(BATCH_BYTES);
-                }
+                taken.run(store, ring, pending, &mut who)?;
+                who.tally
+                    .record(&live.ops, who.t0.elapsed().as_nanos() as u64);
+                taken.trim();
                 // Published per batch, not per pass: the client refills
                 // its queue while the next batch runs.
                 if ring.cq.publish() {
