@@ -170,6 +170,9 @@ impl Daemon {
                             if !report.torn_removed.is_empty() {
                                 tracing::warn!(shard = i, torn = ?report.torn_removed, "torn segment files nothing named were deleted");
                             }
+                            if !report.left.is_empty() {
+                                tracing::warn!(shard = i, left = ?report.left, "files recovery could not delete or set aside were left where they are");
+                            }
                             tracing::info!(shard = i, dir = %dir.display(), segments = report.segments, "store opened");
                             let _ = ready_tx.send(Ok(()));
                             Shard::new(i, store, rx, b, (spin, batch), reg)

@@ -838,3 +838,26 @@ fn a_checkpoint_waits_for_compaction_past_the_layer_limit() {
         );
     }
 }
+
+/// A completion marker whose manifest is gone is deleted at open, or the
+/// open fails: left, it would mark the next manifest of that number
+/// completed before it is (its delete's failure was once ignored).
+#[test]
+fn a_stale_marker_that_cannot_be_deleted_fails_the_open() {
+    use stator_store::manifest::completed_name;
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), true, || SyncIo::new(true)));
+    // A plain stale marker goes.
+    let stale = dir.path().join(completed_name(7));
+    std::fs::write(&stale, b"").unwrap();
+    drop(open(dir.path(), true, || SyncIo::new(true)));
+    assert!(!stale.exists(), "the stale marker is deleted");
+    // One that cannot be (a directory: unlink fails with EISDIR).
+    std::fs::create_dir(&stale).unwrap();
+    let mut cfg = StoreConfig::new(dir.path(), 2 << 30);
+    cfg.memtable_bytes = Some(1 << 30);
+    match Store::open(cfg, SyncIo::new(true)) {
+        Err(e) => assert!(e.to_string().contains("stale checkpoint marker"), "{e}"),
+        Ok(_) => panic!("a stale marker that stayed let the store open"),
+    }
+}

@@ -210,8 +210,11 @@ impl Checkpoints {
                         Ok(_) => "manifest number differs from its file name",
                     };
                     let torn = path.with_extension("manifest.torn");
-                    let _ = std::fs::rename(&path, &torn);
-                    report.torn.push((torn, why.to_string()));
+                    if report.rename(&path, &torn) {
+                        report.torn.push((torn, why.to_string()));
+                    } else {
+                        report.torn.push((path, why.to_string()));
+                    }
                 }
             }
         }
@@ -223,8 +226,16 @@ impl Checkpoints {
                 .strip_suffix(".complete")
                 .and_then(|n| manifest::parse_file_name(&format!("{n}.manifest")))
                 && !c.retained.contains_key(&seq)
+                && let Err(err) = std::fs::remove_file(e.path())
+                && err.kind() != std::io::ErrorKind::NotFound
             {
-                let _ = std::fs::remove_file(e.path());
+                // Left, it would mark the next manifest of that number
+                // completed before it is.
+                return Err(StoreError::from_errno(
+                    &e.path(),
+                    "unlink of a stale checkpoint marker",
+                    err.raw_os_error().unwrap_or(libc::EIO),
+                ));
             }
         }
         report.manifests = c.retained.len();

@@ -302,6 +302,40 @@ pub struct RecoveryReport {
     pub superseded: Vec<PathBuf>,
     /// Checkpoint manifests found intact (each pins its segments).
     pub manifests: usize,
+    /// Files recovery meant to delete or set aside but could not, with
+    /// the error: left where they were (the next open looks at them
+    /// again; nothing live names them).
+    pub left: Vec<(PathBuf, String)>,
+}
+
+impl RecoveryReport {
+    /// Deletes `path` (gone already counts); false, with why in `left`,
+    /// when it stays.
+    pub(crate) fn remove(&mut self, path: &Path) -> bool {
+        match std::fs::remove_file(path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => {
+                self.left
+                    .push((path.to_path_buf(), format!("not deleted: {e}")));
+                false
+            }
+        }
+    }
+
+    /// Renames `from` to `to`; false, with why in `left`, when it stays.
+    pub(crate) fn rename(&mut self, from: &Path, to: &Path) -> bool {
+        match std::fs::rename(from, to) {
+            Ok(()) => true,
+            Err(e) => {
+                self.left.push((
+                    from.to_path_buf(),
+                    format!("not set aside as {}: {e}", to.display()),
+                ));
+                false
+            }
+        }
+    }
 }
 
 /// What an I/O completion belongs to: the top byte of its token (below
@@ -941,8 +975,9 @@ impl<I: Io> Store<I> {
             let layer = imports.iter().any(|imp| imp.name == was);
             let named = layer || ckpt.pinned(&was);
             if incomplete && !named && in_flight(&was) {
-                let _ = std::fs::remove_file(&path);
-                report.torn_removed.push((path, why));
+                if report.remove(&path) {
+                    report.torn_removed.push((path, why));
+                }
             } else if path.file_name().is_some_and(|n| *n == *was) && !layer {
                 let mut aside = path.with_extension("torn");
                 let mut n = 1;
@@ -950,8 +985,11 @@ impl<I: Io> Store<I> {
                     aside = path.with_extension(format!("torn.{n}"));
                     n += 1;
                 }
-                let _ = std::fs::rename(&path, &aside);
-                report.torn.push((aside, why));
+                if report.rename(&path, &aside) {
+                    report.torn.push((aside, why));
+                } else {
+                    report.torn.push((path, why));
+                }
             } else {
                 report.torn.push((path, why));
             }
@@ -973,7 +1011,7 @@ impl<I: Io> Store<I> {
                 if ckpt.pinned(&name) || imports.iter().any(|imp| imp.name == name) {
                     superseded_kept.push(s.footer);
                 } else {
-                    let _ = std::fs::remove_file(&s.path);
+                    report.remove(&s.path);
                 }
             }
         }
@@ -987,8 +1025,10 @@ impl<I: Io> Store<I> {
                 continue;
             };
             next_import_file = next_import_file.max(serial + 1);
-            if !ckpt.pinned(&name) && !imports.iter().any(|imp| imp.name == name) {
-                let _ = std::fs::remove_file(e.path());
+            if !ckpt.pinned(&name)
+                && !imports.iter().any(|imp| imp.name == name)
+                && report.remove(&e.path())
+            {
                 report.superseded.push(e.path());
             }
         }

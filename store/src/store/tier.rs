@@ -741,7 +741,7 @@ impl<I: Io> Store<I> {
             msg: e.to_string(),
         })?;
         let (tier, listed) = prepare(&cfg.dir, remote, tier_cfg)?;
-        let (mut store, report) = Store::open_inner(cfg, io, true)?;
+        let (mut store, mut report) = Store::open_inner(cfg, io, true)?;
         store.tier = Some(tier);
         // Names a manifest holds must never be reused by this host's new
         // segments (an upload would replace an object a checkpoint needs).
@@ -777,7 +777,7 @@ impl<I: Io> Store<I> {
                 let n = e.file_name().to_string_lossy().to_string();
                 let path = e.path();
                 if !store.ckpt.pinned(&n) && !segs.iter().any(|s| s.path == path) {
-                    let _ = std::fs::remove_file(&path);
+                    report.remove(&path);
                 }
             }
         }
