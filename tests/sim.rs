@@ -13,7 +13,9 @@
 //! hostile client scribbles over its own segment, when the machine crashes
 //! (a power loss: writes no fsync made durable are lost), how many
 //! subtasks each operator comes back with (a rescale, restored by
-//! reference from the same handles), and which disk fault (EIO, ENOSPC, a
+//! reference from the same handles), when a subtask exports its state as
+//! a portable snapshot that a new operator imports (over the sessions'
+//! chunk slots, as the Rust client does), and which disk fault (EIO, ENOSPC, a
 //! torn write and then nothing, a flipped bit, a failed or slow fsync) the
 //! next incarnation of the store meets and after how many operations.
 //!
@@ -23,6 +25,8 @@
 //!   allowed only while a fault was planned, a wrong value never;
 //! - a checkpoint that completed in every subtask restores exactly its
 //!   model after a crash and a rescale (nothing acknowledged is lost);
+//! - an imported snapshot reads back exactly what its exporter's model
+//!   held in its key groups, every value and map entry;
 //! - hostile and dying clients reach nothing of the others: the honest
 //!   sessions are never broken off, and the shard never panics.
 //!
@@ -130,6 +134,20 @@ struct PendingCheckpoint {
 /// and the model.
 type Point = (u64, Vec<Vec<u8>>, Model);
 
+/// A completion as `Sim::drive` hands it on (owned).
+struct Seen {
+    token: u64,
+    /// `Ok` or `NotFound`.
+    ok: bool,
+    /// `Ok`.
+    found: bool,
+    slot: Option<u32>,
+    len: u32,
+    last: bool,
+    aux: u64,
+    value: Option<Vec<u8>>,
+}
+
 /// One session of an operator (a subtask), over key groups `kg`.
 struct Client {
     op: usize,
@@ -164,6 +182,7 @@ struct Sim {
     hostile: Vec<Hostile>,
     next_session: u64,
     next_checkpoint: u64,
+    next_snapshot: u64,
     /// A fault is planned in this incarnation of the store: error
     /// statuses are allowed (wrong values never).
     faulty: bool,
@@ -187,6 +206,9 @@ struct Counts {
     scribbles: u64,
     failed_opens: u64,
     rescales: u64,
+    /// Portable snapshots exported and imported into a new operator.
+    exports: u64,
+    imports: u64,
 }
 
 type Opened = (
@@ -267,6 +289,7 @@ impl Sim {
             hostile: Vec::new(),
             next_session: 1,
             next_checkpoint: 1,
+            next_snapshot: 1,
             faulty: false,
             dying: false,
             digest: 0xcbf2_9ce4_8422_2325,
@@ -318,9 +341,13 @@ impl Sim {
                 self.checkpoint(o);
             }
             965..=979 => self.scribble(),
-            980..=993 => {
+            980..=991 => {
                 let c = self.rng.below(self.clients.len() as u64) as usize;
                 self.die(c);
+            }
+            992..=993 => {
+                let c = self.rng.below(self.clients.len() as u64) as usize;
+                self.export_import(c);
             }
             _ => self.crash(true),
         }
@@ -392,7 +419,8 @@ impl Sim {
                     cq_entries: 256,
                     buf_entries: 256,
                     arena_len: 4 << 20,
-                    chunk_len: 0,
+                    // Two slots for portable snapshots.
+                    chunk_len: 2 * stator_store::snapshot::CHUNK_LEN as u64,
                 },
                 key_groups: kg,
                 max_in_flight: 4096,
@@ -764,6 +792,277 @@ impl Sim {
         }
     }
 
+    /// Steps the shard, and hands `f` what `session` completed each time
+    /// (maybe nothing), until `f` says it is done: `false` when it never
+    /// is (a fault may stop a request for good).
+    fn drive(
+        &mut self,
+        session: &mut Session,
+        mut f: impl FnMut(&mut Session, &[Seen]) -> bool,
+    ) -> bool {
+        let mut seen = Vec::new();
+        for _ in 0..200_000 {
+            if f(session, &seen) {
+                return true;
+            }
+            self.step();
+            seen.clear();
+            session
+                .poll(|d| {
+                    seen.push(Seen {
+                        token: d.token,
+                        ok: d.check().is_ok(),
+                        found: d.status == Ok(Status::Ok),
+                        slot: d.slot,
+                        len: d.len,
+                        last: d.last,
+                        aux: d.aux,
+                        value: d.value.map(<[u8]>::to_vec),
+                    })
+                })
+                .unwrap_or_else(|e| panic!("seed {}: an honest session failed: {e}", self.seed));
+        }
+        false
+    }
+
+    /// Client `c` exports its part of its operator's state (a portable
+    /// snapshot, over the session's two chunk slots), and a new operator
+    /// imports it in a session over the same key groups: every key the
+    /// part's model knows reads back the same there, and no other. A
+    /// failure is allowed only while a fault was planned.
+    fn export_import(&mut self, c: usize) {
+        if self.dying {
+            return;
+        }
+        let (seed, id) = (self.seed, self.next_snapshot);
+        self.next_snapshot += 1;
+        let mut cl = self.clients.remove(c);
+        // An export needs its session idle: what it has in flight completes
+        // first (an error only with a fault planned; a failed write's key
+        // becomes unknown; reads' answers are not checked here).
+        let mut early = Vec::new();
+        let idle = self.drive(&mut cl.session, |_, seen| {
+            early.extend(seen.iter().map(|d| (d.token, d.ok)));
+            early.len() == cl.in_flight.len()
+        });
+        for (t, ok) in early {
+            let expect = cl.in_flight.remove(&t);
+            assert!(
+                ok || self.faulty,
+                "seed {seed}: an error with no fault planned"
+            );
+            if let (false, Some(Expect::Write(k))) = (ok, expect) {
+                self.operators[cl.op].unknown.insert(k);
+            }
+        }
+        if !idle {
+            self.clients.insert(c, cl);
+            assert!(self.faulty, "seed {seed}: requests never completed");
+            return;
+        }
+        let faulty = self.faulty;
+        let chunks = self.export(&mut cl.session, id);
+        let model = self.part_model(&cl);
+        let kg = cl.kg;
+        self.clients.insert(c, cl);
+        let Some(chunks) = chunks else {
+            assert!(
+                faulty,
+                "seed {seed}: an export failed with no fault planned"
+            );
+            return;
+        };
+        self.counts.exports += 1;
+        // Import into a new operator, then read every key back.
+        let name = format!("imp{id}");
+        let (sid, fds) = self.open_session(&name, kg);
+        let (sock, _) = UnixStream::pair().unwrap();
+        let mut session =
+            Session::attach(sock, fds, sid, kg, &OpenOptions::new(JOB, &name)).unwrap();
+        if !self.import(&mut session, id, &chunks) {
+            assert!(
+                faulty,
+                "seed {seed}: an import failed with no fault planned"
+            );
+            self.close(sid, session);
+            return;
+        }
+        self.counts.imports += 1;
+        let value_state = self.add_state(sid, &name, "value", kind::VALUE);
+        let map_state = self.add_state(sid, &name, "map", kind::MAP);
+        let keys: Vec<Key> = (0..KEYS)
+            .map(|k| ((k % u64::from(KEY_GROUPS)) as u16, k.to_be_bytes().to_vec()))
+            .filter(|k| (kg.0..=kg.1).contains(&k.0))
+            .collect();
+        let uks: Vec<Vec<u8>> = (0..USER_KEYS).map(|u| u.to_be_bytes().to_vec()).collect();
+        let mut want: Vec<(u64, Request<'_>, Option<Vec<u8>>)> = Vec::new();
+        let unknown = &self.operators[self.clients[c].op].unknown;
+        for k in keys.iter().filter(|k| !unknown.contains(k)) {
+            want.push((
+                want.len() as u64,
+                Request {
+                    capacity: 16 << 10,
+                    ..Request::new(Opcode::Get, value_state, k.0, &k.1)
+                },
+                model.values.get(k).cloned(),
+            ));
+            for uk in &uks {
+                want.push((
+                    want.len() as u64,
+                    Request {
+                        user_key: uk,
+                        capacity: 16 << 10,
+                        ..Request::new(Opcode::MapGet, map_state, k.0, &k.1)
+                    },
+                    model.maps.get(&(k.clone(), uk.clone())).cloned(),
+                ));
+            }
+        }
+        let mut next = 0;
+        let mut answered = 0;
+        let ok = self.drive(&mut session, |s, seen| {
+            for d in seen {
+                let (_, req, expect) = &want[d.token as usize];
+                assert!(
+                    d.ok || faulty,
+                    "seed {seed}: imported {:?} of {name}: error with no fault planned",
+                    req.op
+                );
+                if d.ok {
+                    let got = d.found.then(|| d.value.clone().unwrap_or_default());
+                    assert!(
+                        got == *expect,
+                        "seed {seed}: imported {name} reads {:?} {:?}: {got:?}, exported {expect:?}",
+                        req.op,
+                        req.key
+                    );
+                }
+                answered += 1;
+            }
+            while next < want.len() && s.submit(&want[next].1, want[next].0).is_ok() {
+                next += 1;
+            }
+            let _ = s.flush();
+            answered == want.len()
+        });
+        assert!(
+            ok || faulty,
+            "seed {seed}: reads of an import never completed"
+        );
+        self.close(sid, session);
+    }
+
+    /// Exports `session`'s state as snapshot `id`: its chunks in order, or
+    /// `None` if it failed.
+    fn export(&mut self, session: &mut Session, id: u64) -> Option<Vec<Vec<u8>>> {
+        let mut chunks: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+        let (mut started, mut ended, mut failed) = (false, false, false);
+        let mut held = 0u32;
+        let _ = session.submit(&Request::snapshot_export(id), u64::MAX);
+        let _ = session.flush();
+        let ok = self.drive(session, |s, seen| {
+            for d in seen {
+                failed |= !d.ok;
+                if d.token == u64::MAX {
+                    if d.ok {
+                        started = true;
+                        // Both slots to it, one chunk each.
+                        for slot in 0..2u32 {
+                            let _ = s.submit(&Request::chunk_release(id, slot), u64::from(slot));
+                            held += 1;
+                        }
+                    }
+                    continue;
+                }
+                held -= 1;
+                if d.found {
+                    let slot = d.slot.expect("a chunk names its slot");
+                    chunks.insert(
+                        d.aux as u32,
+                        s.chunk(slot, d.len as usize).unwrap().to_vec(),
+                    );
+                    ended |= d.last;
+                    if !ended && !failed {
+                        let _ = s.submit(&Request::chunk_release(id, slot), u64::from(slot));
+                        held += 1;
+                    }
+                }
+            }
+            let _ = s.flush();
+            held == 0 && (started || failed)
+        });
+        if !ok || failed || !ended {
+            return None;
+        }
+        let n = chunks.len() as u32;
+        assert_eq!(
+            chunks.keys().copied().collect::<Vec<_>>(),
+            (0..n).collect::<Vec<_>>(),
+            "seed {}: an export's chunks",
+            self.seed
+        );
+        Some(chunks.into_values().collect())
+    }
+
+    /// Imports `chunks` (in order) as import `id` into `session`: whether
+    /// it was installed.
+    fn import(&mut self, session: &mut Session, id: u64, chunks: &[Vec<u8>]) -> bool {
+        let mut free: Vec<u32> = vec![1, 0];
+        let (mut next, mut in_flight, mut installed, mut failed) = (0usize, 0u32, false, false);
+        let ok = self.drive(session, |s, seen| {
+            for d in seen {
+                in_flight -= 1;
+                failed |= !d.ok;
+                installed |= d.last && d.ok;
+                free.extend(d.slot);
+            }
+            while !failed && next < chunks.len() {
+                let Some(slot) = free.pop() else { break };
+                s.write_chunk(slot, &chunks[next]).unwrap();
+                let _ = s.submit(&Request::snapshot_import(id, slot), u64::from(slot));
+                next += 1;
+                in_flight += 1;
+            }
+            let _ = s.flush();
+            in_flight == 0 && (installed || failed || next == chunks.len())
+        });
+        if ok && !installed {
+            // Not installed: the daemon lets go of it.
+            let _ = session.submit(&Request::import_cancel(id), u64::MAX - 2);
+            let _ = session.flush();
+            let mut cancelled = false;
+            self.drive(session, |_, seen| {
+                cancelled |= !seen.is_empty();
+                cancelled
+            });
+        }
+        ok && installed
+    }
+
+    /// What client `cl`'s part of its operator holds, as far as the model
+    /// knows: (values, map entries) of its key groups, unknown keys left
+    /// out.
+    fn part_model(&self, cl: &Client) -> Model {
+        let op = &self.operators[cl.op];
+        let mine = |k: &Key| (cl.kg.0..=cl.kg.1).contains(&k.0) && !op.unknown.contains(k);
+        Model {
+            values: op
+                .model
+                .values
+                .iter()
+                .filter(|(k, _)| mine(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            maps: op
+                .model
+                .maps
+                .iter()
+                .filter(|((k, _), _)| mine(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
     /// Closes session `sid` as the control side does when its client's
     /// connection ends: the client's end goes first, then the shard's.
     fn close(&mut self, sid: u64, session: Session) {
@@ -1044,6 +1343,8 @@ fn seeded_runs_keep_every_acknowledged_write() {
         total.scribbles += c.scribbles;
         total.failed_opens += c.failed_opens;
         total.rescales += c.rescales;
+        total.exports += c.exports;
+        total.imports += c.imports;
     };
     for seed in seeds {
         let (digest, c) = run_seed(seed, turns);
