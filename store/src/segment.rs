@@ -351,11 +351,18 @@ fn check_footer_against_index(f: &Footer, index: &BlockIndex) -> Result<(), Malf
 pub const KEY_GROUPS_OUTSIDE_FOOTER: &str = "keys outside the footer's key groups";
 
 /// `path`'s file name.
+/// A segment's name: its file's, or for a file an open set aside
+/// (`*.torn`) the name it had, which checkpoints and restored layers still
+/// name it by.
 fn name_of(path: &Path) -> Rc<str> {
-    path.file_name()
+    let file = path
+        .file_name()
         .map(|n| n.to_string_lossy())
-        .unwrap_or_default()
-        .into()
+        .unwrap_or_default();
+    match parse_torn_file_name(&file) {
+        Some(was) => was.into(),
+        None => file.into(),
+    }
 }
 
 /// The file name of a segment.

@@ -1119,3 +1119,58 @@ fn a_discarded_checkpoints_files_go_through_the_io_layer() {
     assert_eq!(ckpt_files(d.path()), 0);
     assert_eq!(s.stats().delete_failures, 0);
 }
+
+/// A segment only a checkpoint names, whose checks failed at open because
+/// a read came back damaged, is set aside (`*.torn`); once it reads sound,
+/// the checkpoint restores from it (the simulator found that checkpoint
+/// lost: its restore looked for the old name).
+#[test]
+fn a_checkpoint_segment_set_aside_by_a_passing_fault_restores_later() {
+    use common::checkpoint;
+
+    let d = tempfile::tempdir().unwrap();
+    let seg = build(d.path(), 20_000);
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    let h = checkpoint(&mut s, spec(1)).unwrap();
+    drop(s);
+    // The first flipped bit the open's checks see sets it aside.
+    let mut set_aside = false;
+    for after in 0..16 {
+        let plan = FaultPlan {
+            after,
+            fault: Fault::ReadBitFlip,
+            sticky: false,
+        };
+        let io = FaultIo::new(SyncIo::new(true), Some(plan));
+        let (s, rep) = Store::open(cfg(d.path()), io).unwrap();
+        drop(s);
+        if !rep.torn.is_empty() {
+            set_aside = true;
+            break;
+        }
+    }
+    assert!(set_aside, "a flipped bit the open's checks see");
+    assert!(!seg.exists() && seg.with_extension("torn").exists());
+    // The disk reads sound again: the checkpoint restores, and reads back.
+    let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert_eq!(rep.torn.len(), 1, "still set aside: {rep:?}");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(499)))).unwrap(),
+        Owned::Value(None),
+        "out of the live layers"
+    );
+    s.restore(WHOLE, &[h.as_slice()]).unwrap();
+    for i in [0, 499, 19_999] {
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(i)))).unwrap(),
+            Owned::Value(Some(vec![i as u8; 64]))
+        );
+    }
+    // And the restored layer is there at the next open.
+    drop(s);
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(499)))).unwrap(),
+        Owned::Value(Some(vec![499u32 as u8; 64]))
+    );
+}

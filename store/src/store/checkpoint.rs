@@ -515,7 +515,11 @@ impl<I: Io> Store<I> {
                     // Looked at below even if every file is already remote.
                     t.progress = true;
                     for (_, l) in &p.layers {
-                        t.upload(&l.name, tier::layer_path(&self.cfg.dir, &l.name));
+                        // (Not a copy an open set aside: its bytes may be
+                        // what failed the checks.)
+                        let path = tier::local_copy(&self.cfg.dir, &l.name)
+                            .unwrap_or_else(|| self.cfg.dir.join(&l.name));
+                        t.upload(&l.name, path);
                     }
                 }
                 None => self.write_manifest(k),

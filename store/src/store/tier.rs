@@ -209,11 +209,32 @@ pub(super) const FETCHED_DIR: &str = "fetched";
 /// kept by a checkpoint), else among the fetched ones.
 pub(super) fn layer_path(dir: &Path, name: &str) -> PathBuf {
     let own = dir.join(name);
+    local_copy(dir, name)
+        .or_else(|| set_aside(&own))
+        .unwrap_or(own)
+}
+
+/// Where layer file `name` is on the local disk under its own name, in
+/// the store's directory or fetched from the remote tier (never a copy an
+/// open set aside: what is uploaded or counted as held locally).
+pub(super) fn local_copy(dir: &Path, name: &str) -> Option<PathBuf> {
+    let own = dir.join(name);
     if own.exists() {
-        return own;
+        return Some(own);
     }
     let fetched = dir.join(FETCHED_DIR).join(name);
-    if fetched.exists() { fetched } else { own }
+    fetched.exists().then_some(fetched)
+}
+
+/// Where an open set `path` aside (`*.torn`), if it did: out of the live
+/// layers for good, but still what checkpoints and restored layers name
+/// it by, so a read fault that passed does not cost them (it did, as
+/// `tests/sim.rs` found). A file still damaged fails its checks where it
+/// is opened. (A name is never given to a second file, so a `*.torn.N`
+/// beside it is not this one's.)
+fn set_aside(path: &Path) -> Option<PathBuf> {
+    let torn = path.with_extension("torn");
+    torn.exists().then_some(torn)
 }
 
 /// How long a restore waits for the remote (it runs on the shard thread,
@@ -787,7 +808,7 @@ impl<I: Io> Store<I> {
             .iter()
             .map(|(n, _)| n)
             .filter(|n| {
-                is_layer(n) && !store.ckpt.pinned(n) && !layer_path(&store.cfg.dir, n).exists()
+                is_layer(n) && !store.ckpt.pinned(n) && local_copy(&store.cfg.dir, n).is_none()
             })
             .cloned()
             .collect();
@@ -823,7 +844,9 @@ impl<I: Io> Store<I> {
         };
         let missing: Vec<&(String, u64)> = wanted
             .iter()
-            .filter(|(n, _)| !layer_path(&dir, n).exists())
+            // (A copy an open set aside is fetched again: the remote's
+            // may be sound where the local one is not.)
+            .filter(|(n, _)| local_copy(&dir, n).is_none())
             .collect();
         if missing.is_empty() {
             return Ok(());
