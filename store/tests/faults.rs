@@ -82,6 +82,26 @@ fn build(dir: &Path, n: u32) -> PathBuf {
     segments(dir).pop().unwrap()
 }
 
+type Opened = Result<(Store<FaultIo<SyncIo>>, stator_store::RecoveryReport), StoreError>;
+
+/// Opens the store in `dir` with one read coming back with a bit flipped:
+/// the first read whose flip the open's checks see, that is the first
+/// open `seen` accepts (a flip in a page's padding is harmless).
+fn open_with_a_seen_flip(dir: &Path, seen: impl Fn(&Opened) -> bool) -> Opened {
+    for after in 0..16 {
+        let plan = FaultPlan {
+            after,
+            fault: Fault::ReadBitFlip,
+            sticky: false,
+        };
+        let r = Store::open(cfg(dir), FaultIo::new(SyncIo::new(true), Some(plan)));
+        if seen(&r) {
+            return r;
+        }
+    }
+    panic!("no flipped bit the open's checks see in its first 16 reads");
+}
+
 fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
@@ -189,22 +209,9 @@ fn a_restored_layer_that_read_damaged_once_is_there_at_the_next_open() {
     // The restored layer references the checkpoint's segment.
     s.restore(WHOLE, &[h.as_slice()]).unwrap();
     drop(s);
-    // A read of the open comes back with a bit flipped: the first whose
-    // flip the checks see (a flip in a page's padding is harmless).
-    let mut failed = None;
-    for after in 0..16 {
-        let plan = FaultPlan {
-            after,
-            fault: Fault::ReadBitFlip,
-            sticky: false,
-        };
-        let io = FaultIo::new(SyncIo::new(true), Some(plan));
-        if let Err(e) = Store::open(cfg(d.path()), io) {
-            failed = Some(e);
-            break;
-        }
-    }
-    let e = failed.expect("a flipped bit the open's checks see");
+    let Err(e) = open_with_a_seen_flip(d.path(), |r| r.is_err()) else {
+        panic!("the open went on without the restored layer");
+    };
     assert!(e.to_string().contains("restored state"), "{e}");
     assert!(
         seg.exists(),
@@ -1134,22 +1141,10 @@ fn a_checkpoint_segment_set_aside_by_a_passing_fault_restores_later() {
     let h = checkpoint(&mut s, spec(1)).unwrap();
     drop(s);
     // The first flipped bit the open's checks see sets it aside.
-    let mut set_aside = false;
-    for after in 0..16 {
-        let plan = FaultPlan {
-            after,
-            fault: Fault::ReadBitFlip,
-            sticky: false,
-        };
-        let io = FaultIo::new(SyncIo::new(true), Some(plan));
-        let (s, rep) = Store::open(cfg(d.path()), io).unwrap();
-        drop(s);
-        if !rep.torn.is_empty() {
-            set_aside = true;
-            break;
-        }
-    }
-    assert!(set_aside, "a flipped bit the open's checks see");
+    let opened = open_with_a_seen_flip(d.path(), |r| {
+        r.as_ref().is_ok_and(|(_, rep)| !rep.torn.is_empty())
+    });
+    drop(opened.expect("the open goes on without it"));
     assert!(!seg.exists() && seg.with_extension("torn").exists());
     // The disk reads sound again: the checkpoint restores, and reads back.
     let (mut s, rep) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
