@@ -16,6 +16,9 @@
 //! export with the disk's own sequential O_DIRECT read of the store's files
 //! (an export from disk reads no faster). `--compact` exports one
 //! compacted layer instead (no merge: the best case).
+//! `export-first-chunk` times an export's first chunk taken right after
+//! the same amount of writes as between checkpoints, three times: the
+//! memtable they filled is frozen by the export and read where it is.
 //!
 //! The RocksDB peer (cargo feature `rocksdb`) checkpoints the same state
 //! the way an incremental snapshot does: `create_checkpoint` (hard links
@@ -187,6 +190,75 @@ fn settle(s: &mut Store<UringIo>) {
     }
 }
 
+/// Fills export `id`'s next chunk into `slot`, polling the store while
+/// the export waits for reads: its length and whether it is the last.
+fn next_chunk(s: &mut Store<UringIo>, id: usize, slot: &mut [u8]) -> (usize, bool) {
+    loop {
+        match s.export_fill(id, slot).expect("export") {
+            Fill::Chunk { len, last } => return (len, last),
+            Fill::Again => {}
+            Fill::Wait => {
+                s.poll(|_, _| {});
+                if !s.background_runnable() {
+                    let _ = s.wait(Some(Duration::from_micros(200)));
+                }
+            }
+        }
+    }
+}
+
+/// The export of the whole state (snapshot `id`).
+fn export_spec(id: u64) -> ExportSpec {
+    ExportSpec {
+        owner: OWNER.to_vec(),
+        snapshot_id: id,
+        lo: 0,
+        hi: KGS - 1,
+        states: vec![StateDesc {
+            id: 1,
+            kind: StateKind::Value,
+            name: b"v".to_vec(),
+        }],
+    }
+}
+
+/// Times the first chunk of an export taken right after `write_mib` of
+/// puts, with the memtable they filled frozen by the export (it is read
+/// where it is; an export used to wait for its flush).
+fn export_after_writes(
+    s: &mut Store<UringIo>,
+    r: &mut Reporter,
+    mib: u64,
+    write_mib: u64,
+    mut next_key: impl FnMut() -> u64,
+) {
+    let reps = 3;
+    let mut h = histogram();
+    let mut spent = Duration::ZERO;
+    let mut slot = vec![0u8; CHUNK_LEN];
+    for rep in 0..reps {
+        puts(
+            s,
+            (write_mib << 20) / RECORD,
+            &value(1 << 20 | rep, VALUE),
+            &mut next_key,
+        );
+        let t0 = Instant::now();
+        let id = s.export(export_spec(mib + 2 + rep)).expect("export");
+        next_chunk(s, id, &mut slot);
+        let d = t0.elapsed();
+        spent += d;
+        h.record(d.as_nanos() as u64).expect("in range");
+        s.export_cancel(id);
+        settle(s);
+    }
+    r.case(
+        &Case::new(SUITE, format!("export-first-chunk/{mib}MiB"), reps, spent)
+            .latency(h)
+            .with("written_mib", write_mib),
+    );
+}
+
 /// Bytes of exported chunks kept for the import and the limit.
 const KEEP: usize = 256 << 20;
 
@@ -200,18 +272,7 @@ fn portable(
     mib: u64,
     dir: &std::path::Path,
 ) -> Vec<(&'static str, f64)> {
-    let states = vec![StateDesc {
-        id: 1,
-        kind: StateKind::Value,
-        name: b"v".to_vec(),
-    }];
-    let spec = ExportSpec {
-        owner: OWNER.to_vec(),
-        snapshot_id: mib,
-        lo: 0,
-        hi: KGS - 1,
-        states,
-    };
+    let spec = export_spec(mib);
     let mut slot = vec![0u8; CHUNK_LEN];
     let mut kept: Vec<Vec<u8>> = Vec::new();
     let (mut bytes, mut kept_bytes) = (0usize, 0usize);
@@ -221,32 +282,22 @@ fn portable(
     let mut aside = Duration::ZERO;
     let mut chunk_t = Instant::now();
     loop {
-        match s.export_fill(id, &mut slot[..]).expect("export") {
-            Fill::Chunk { len, last } => {
-                h.record(chunk_t.elapsed().as_nanos() as u64)
-                    .expect("in range");
-                bytes += len;
-                // Keeping a copy is the bench's business, not the export's
-                // (the engine hands the chunk on from the slot).
-                let tk = Instant::now();
-                if kept_bytes + len <= KEEP {
-                    kept.push(slot[..len].to_vec());
-                    kept_bytes += len;
-                }
-                aside += tk.elapsed();
-                if last {
-                    break;
-                }
-                chunk_t = Instant::now();
-            }
-            Fill::Again => {}
-            Fill::Wait => {
-                s.poll(|_, _| {});
-                if !s.background_runnable() {
-                    let _ = s.wait(Some(Duration::from_micros(200)));
-                }
-            }
+        let (len, last) = next_chunk(s, id, &mut slot);
+        h.record(chunk_t.elapsed().as_nanos() as u64)
+            .expect("in range");
+        bytes += len;
+        // Keeping a copy is the bench's business, not the export's (the
+        // engine hands the chunk on from the slot).
+        let tk = Instant::now();
+        if kept_bytes + len <= KEEP {
+            kept.push(slot[..len].to_vec());
+            kept_bytes += len;
         }
+        aside += tk.elapsed();
+        if last {
+            break;
+        }
+        chunk_t = Instant::now();
     }
     let export = t0.elapsed() - aside;
     let gbs = |b: usize, d: Duration| b as f64 / d.as_secs_f64() / 1e9;
@@ -315,19 +366,11 @@ fn portable(
         kept.clear();
         kept_bytes = 0;
         loop {
-            match s.export_fill(id, &mut slot[..]).expect("export") {
-                Fill::Chunk { len, last } => {
-                    kept.push(slot[..len].to_vec());
-                    kept_bytes += len;
-                    if last {
-                        break;
-                    }
-                }
-                Fill::Again => {}
-                Fill::Wait => {
-                    s.poll(|_, _| {});
-                    let _ = s.wait(Some(Duration::from_micros(200)));
-                }
+            let (len, last) = next_chunk(s, id, &mut slot);
+            kept.push(slot[..len].to_vec());
+            kept_bytes += len;
+            if last {
+                break;
             }
         }
     }
@@ -477,6 +520,7 @@ fn stator_size(
         settle(&mut s);
     }
     let ratios = portable(args, &mut s, r, mib, dir.path());
+    export_after_writes(&mut s, r, mib, write_mib, || rng.below(keys));
 
     // Restores: 1 -> 1, 1 -> 4 (four ranges from the one handle), 4 -> 1.
     let reps = 5;

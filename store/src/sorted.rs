@@ -154,7 +154,6 @@ impl Sorted {
         self.order.get(i).map(|e| e.addr)
     }
 
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.order.len()
     }

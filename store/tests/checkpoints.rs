@@ -415,7 +415,10 @@ fn run_case<I: Io>(ops: Vec<COp>, mk: fn() -> I) {
                     parts.push(((lo, hi), chunks));
                 }
                 next_id += 1;
-                // An export waits for the flush, as a checkpoint does.
+                // An export freezes the memtable but reads it where it is,
+                // without waiting for its flush: once that flush is done
+                // (let finish here), what it holds is durable.
+                settle_fully(&mut s);
                 durable = m.clone();
                 exports.push((o, parts, m.clone()));
             }

@@ -9,8 +9,8 @@ use common::{Owned, checkpoint, export_chunks, fill_chunks, import_chunks, run, 
 use stator_store::io::SyncIo;
 use stator_store::snapshot::{CHUNK_LEN, ChunkDecoder, HEADER_LEN, StateDesc, encode_states};
 use stator_store::{
-    CheckpointSpec, ExportSpec, ImportSpec, ImportStep, KeyRef, Op, StateKind, Store, StoreConfig,
-    StoreError,
+    CheckpointSpec, ExportSpec, Fill, ImportSpec, ImportStep, KeyRef, Op, StateKind, Store,
+    StoreConfig, StoreError,
 };
 
 const OWNER: &[u8] = b"job\0op";
@@ -383,4 +383,133 @@ fn exports_and_imports_count_in_the_memory_budget() {
     assert_eq!(s.memory().background, before);
     // One alone always runs, whatever the budget says.
     assert!(!s.export_should_wait());
+}
+
+fn kind_desc(id: u32, name: &str, kind: StateKind) -> StateDesc {
+    StateDesc {
+        id,
+        kind,
+        name: name.as_bytes().to_vec(),
+    }
+}
+
+/// Asserts two exports are the same bytes (saying where they part, not
+/// printing megabytes).
+fn assert_same_chunks(a: &[Vec<u8>], b: &[Vec<u8>], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: chunk counts");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if let Some(at) = (0..x.len().min(y.len())).find(|&j| x[j] != y[j]) {
+            let near = |c: &[u8]| c[at.saturating_sub(16)..(at + 16).min(c.len())].to_vec();
+            panic!(
+                "{what}: chunk {i} differs at byte {at}: {:?} vs {:?}",
+                near(x),
+                near(y)
+            );
+        }
+        assert_eq!(x.len(), y.len(), "{what}: chunk {i} lengths");
+    }
+}
+
+/// Fills export `id` without ever polling the store: no flush, read or
+/// other background work can run meanwhile. `None` if it had to wait.
+fn fill_unpolled(s: &mut Store<SyncIo>, id: usize) -> Option<Vec<Vec<u8>>> {
+    let mut slot = vec![0u8; CHUNK_LEN];
+    let mut out = Vec::new();
+    loop {
+        match s.export_fill(id, &mut slot[..]).unwrap() {
+            Fill::Chunk { len, last } => {
+                out.push(slot[..len].to_vec());
+                if last {
+                    return Some(out);
+                }
+            }
+            Fill::Again => {}
+            Fill::Wait => return None,
+        }
+    }
+}
+
+/// Issue 25: an export waited for the flush of every memtable it froze
+/// (`Fill::Wait` until the segment was installed). Now it reads a frozen
+/// memtable where it is: with nothing polled, so that no flush can run, it
+/// completes, and its chunks are the very bytes the same export makes once
+/// the memtable is a segment. Above an older segment, overwrites, deletes,
+/// list appends and map clears in the memtable merge with it exactly as a
+/// compaction merges them.
+#[test]
+fn an_export_reads_frozen_memtables_without_waiting_for_their_flush() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path());
+    let states = vec![
+        kind_desc(1, "v", StateKind::Value),
+        kind_desc(2, "l", StateKind::List),
+        kind_desc(3, "m", StateKind::Map),
+    ];
+    let spec = || export_spec(0, 7, states.clone());
+    for kg in 0..8u16 {
+        for i in 0..300u32 {
+            let k = i.to_be_bytes();
+            run(&mut s, Op::Put(kr(kg, 1, &k), &[kg as u8; 40])).unwrap();
+            run(&mut s, Op::ListAppend(kr(kg, 2, &k), b"old")).unwrap();
+            run(&mut s, Op::MapPut(kr(kg, 3, &k), b"mk", b"old")).unwrap();
+        }
+    }
+    // Another owner's key group 8 is out of the range.
+    run(&mut s, Op::Put(kr(8, 1, b"out"), b"x")).unwrap();
+    let id = s.export(spec()).unwrap();
+    let from_memtable = fill_unpolled(&mut s, id).expect("waited for the memtable's flush");
+    s.flush();
+    settle_fully(&mut s);
+    let from_segment = export_chunks(&mut s, spec(), CHUNK_LEN).unwrap();
+    assert_same_chunks(
+        &from_memtable,
+        &from_segment,
+        "memtable against its segment",
+    );
+
+    // Newer records above that segment, in the memtable.
+    for kg in 0..8u16 {
+        for i in (0..300u32).step_by(3) {
+            let k = i.to_be_bytes();
+            match i % 4 {
+                0 => run(&mut s, Op::Put(kr(kg, 1, &k), b"new")).unwrap(),
+                1 => run(&mut s, Op::Delete(kr(kg, 1, &k))).unwrap(),
+                2 => run(&mut s, Op::Clear(kr(kg, 3, &k), StateKind::Map)).unwrap(),
+                _ => run(&mut s, Op::MapPut(kr(kg, 3, &k), b"nk", b"new")).unwrap(),
+            };
+            run(&mut s, Op::ListAppend(kr(kg, 2, &k), b"new")).unwrap();
+        }
+        run(&mut s, Op::Put(kr(kg, 1, b"fresh"), b"new")).unwrap();
+    }
+    let id = s.export(spec()).unwrap();
+    let merged = fill_chunks(&mut s, id, CHUNK_LEN).unwrap();
+    s.compact_all();
+    settle_fully(&mut s);
+    let compacted = export_chunks(&mut s, spec(), CHUNK_LEN).unwrap();
+    assert_same_chunks(&merged, &compacted, "merged against compacted");
+
+    // And it imports as the state it was.
+    let d2 = tempfile::tempdir().unwrap();
+    let mut t = open(d2.path());
+    let names: [(&[u8], u32); 3] = [(b"v", 1), (b"l", 2), (b"m", 3)];
+    import_chunks(&mut t, import_spec(0, 7, vec![1, 2, 3]), &merged, &names).unwrap();
+    for kg in 0..8u16 {
+        for i in 0..300u32 {
+            let k = i.to_be_bytes();
+            let want: Option<&[u8]> = match (i % 3, i % 4) {
+                (0, 0) => Some(b"new"),
+                (0, 1) => None,
+                _ => Some(&[kg as u8; 40]),
+            };
+            assert_eq!(value(&mut t, kg, 1, &k).as_deref(), want, "kg {kg} key {i}");
+            let entry = match run(&mut t, Op::MapGet(kr(kg, 3, &k), b"mk")).unwrap() {
+                Owned::Value(v) => v,
+                o => panic!("{o:?}"),
+            };
+            let cleared = i % 3 == 0 && i % 4 == 2;
+            assert_eq!(entry.is_none(), cleared, "kg {kg} map {i}");
+        }
+        assert_eq!(value(&mut t, kg, 1, b"fresh").as_deref(), Some(&b"new"[..]));
+    }
+    assert_eq!(value(&mut t, 8, 1, b"out"), None);
 }

@@ -82,7 +82,10 @@ impl<I: Io> Store<I> {
 
     /// What exports and imports in progress reserve.
     fn snapshot_reserves(&self) -> usize {
-        self.exports.iter().map(|(_, e)| e.reserve).sum::<usize>()
+        self.exports
+            .iter()
+            .map(|(_, e)| e.memory(&self.frozen))
+            .sum::<usize>()
             + self.imports.iter().map(|(_, i)| i.reserve()).sum::<usize>()
     }
 

@@ -463,7 +463,6 @@ impl<I: Io> Store<I> {
     /// A flush failed: checkpoints waiting for one fail with its error
     /// (the engine aborts them; a later checkpoint retries).
     pub(super) fn fail_flush_waiters(&mut self, e: &StoreError) {
-        self.fail_export_waiters(e);
         let keys: Vec<usize> = self
             .ckpt
             .pending

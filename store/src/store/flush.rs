@@ -180,7 +180,6 @@ impl<I: Io> Store<I> {
         crate::reuse::release(done, &self.reuse, keep);
         self.stats.flushes += 1;
         self.checkpoint_layer_flushed(&seg);
-        self.export_layer_flushed(&seg);
         self.sync_dir();
         self.stats.last_background_error = None;
         self.rebalance_cache();

@@ -25,6 +25,7 @@ mod iter;
 mod markers;
 mod portable;
 mod read;
+mod source;
 mod stream;
 mod tier;
 mod write;
@@ -57,6 +58,7 @@ use crate::memtable::Memtable;
 use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
 use crate::pool::Pool;
 use crate::segment::{self, Segment, SegmentWriter};
+use source::{MemCursor, Source};
 use stream::{At, Cursor};
 
 /// Store configuration.

@@ -125,20 +125,51 @@ impl Export {
     pub(super) fn paths(&self) -> impl Iterator<Item = &Path> {
         self.layers
             .iter()
-            .map(|l| l.1.path.as_path())
-            .chain(self.cursors.iter().map(|c| c.seg.path.as_path()))
+            .filter_map(|l| match &l.1 {
+                Captured::Segment(s) => Some(s.path.as_path()),
+                Captured::Memtable(_) => None,
+            })
+            .chain(self.cursors.iter().filter_map(Source::path))
     }
+
+    /// The memory it holds: its read-ahead, and what its memtables hold
+    /// beside the store's plan (see `Source::memory`).
+    pub(super) fn memory(&self, frozen: &[(u64, Arc<Memtable>)]) -> usize {
+        let mems = |m: &Arc<Memtable>| {
+            MemCursor::sort_bytes(m)
+                + if frozen.iter().any(|(_, f)| Arc::ptr_eq(f, m)) {
+                    0
+                } else {
+                    m.memory_bytes()
+                }
+        };
+        self.reserve
+            + self
+                .layers
+                .iter()
+                .map(|l| match &l.1 {
+                    Captured::Memtable(m) => mems(m),
+                    Captured::Segment(_) => 0,
+                })
+                .sum::<usize>()
+            + self.cursors.iter().map(|c| c.memory(frozen)).sum::<usize>()
+    }
+}
+
+/// A layer an export captured: a segment, or a frozen memtable (read as
+/// it is, not after its flush).
+enum Captured {
+    Segment(Rc<Segment>),
+    Memtable(Arc<Memtable>),
 }
 
 pub(super) struct Export {
     enc: ChunkEncoder,
-    /// Captured layers (order, segment, what of it the export holds) and
-    /// frozen memtables still to be flushed.
-    layers: Vec<(u64, Rc<Segment>, Clip)>,
-    waiting: Vec<(u64, Clip)>,
+    /// Captured layers (order, layer, what of it the export holds).
+    layers: Vec<(u64, Captured, Clip)>,
     started: bool,
     /// Newest first, each with its clip.
-    cursors: Vec<Cursor>,
+    cursors: Vec<Source>,
     clips: Vec<Clip>,
     /// Bytes of an item that did not fit the previous chunk.
     carry: Vec<u8>,
@@ -187,6 +218,11 @@ pub(super) struct Import {
 impl Export {
     pub(super) fn in_flight(&self) -> bool {
         self.cursors.iter().any(|c| c.reads_in_flight() > 0)
+    }
+
+    /// Sorts its memtables' records until `deadline`: true once all are.
+    fn sort_until(&mut self, deadline: Instant) -> bool {
+        self.cursors.iter_mut().all(|c| c.sort_until(deadline))
     }
 
     /// Writes `bytes` into the chunk; what does not fit is carried to the
@@ -247,10 +283,8 @@ impl Export {
                 At::Finished => {}
                 At::Record => {
                     let cs = &self.cursors;
-                    let k = head_key(cs, i);
-                    let pos = self
-                        .heads
-                        .partition_point(|&j| (head_key(cs, j), j) < (k, i));
+                    let k = cs[i].key();
+                    let pos = self.heads.partition_point(|&j| (cs[j].key(), j) < (k, i));
                     self.heads.insert(pos, i);
                 }
             }
@@ -260,11 +294,11 @@ impl Export {
             self.finished = true;
             return Some(false);
         };
-        let first = head_key(&self.cursors, ci);
+        let first = self.cursors[ci].key();
         // Every layer holding the smallest key (newest first).
         let tied = self.heads[1..]
             .iter()
-            .take_while(|&&j| head_key(&self.cursors, j) == first)
+            .take_while(|&&j| self.cursors[j].key() == first)
             .count()
             + 1;
         if self.clear.is_some() || tied > 1 {
@@ -274,7 +308,7 @@ impl Export {
         let bounded = self.heads.len() > 1;
         self.bound.clear();
         if bounded {
-            let next = head_key(&self.cursors, self.heads[1]);
+            let next = self.cursors[self.heads[1]].key();
             self.bound.extend_from_slice(next);
         }
         Some(self.run(ci, bounded, slot))
@@ -283,15 +317,21 @@ impl Export {
     /// Copies the longest run of plain puts of one key group (below the
     /// bound, if `bounded`) out of layer `ci`'s current block in one piece.
     fn run<S: ChunkSlot + ?Sized>(&mut self, ci: usize, bounded: bool, slot: &mut S) -> bool {
-        let plain = self.cursors[ci].block().is_some_and(|b| {
-            let r = b.view().record(self.cursors[ci].rec);
-            r.kind == Kind::Put && self.clips[ci].admits(r.key)
-        });
+        let plain = match &self.cursors[ci] {
+            Source::Segment(c) => c.block().is_some_and(|b| {
+                let r = b.view().record(c.rec);
+                r.kind == Kind::Put && self.clips[ci].admits(r.key)
+            }),
+            Source::Memtable(_) => false,
+        };
+        // Not copied as stored: through the general path.
+        let Source::Segment(c) = &mut self.cursors[ci] else {
+            return self.merge(1, slot);
+        };
         if !plain {
-            // Not copied as stored: through the general path.
             return self.merge(1, slot);
         }
-        let (Some(b), at) = self.cursors[ci].split() else {
+        let (Some(b), at) = c.split() else {
             return false;
         };
         let v = b.view();
@@ -339,7 +379,7 @@ impl Export {
 
     /// The smallest key over every layer, merged.
     fn merge<S: ChunkSlot + ?Sized>(&mut self, tied: usize, slot: &mut S) -> bool {
-        let key = head_key(&self.cursors, self.heads[0]).to_vec();
+        let key = self.cursors[self.heads[0]].key().to_vec();
         let ranks: Vec<usize> = self.heads.drain(..tied).collect();
         self.moved.extend_from_slice(&ranks);
         if self
@@ -359,12 +399,9 @@ impl Export {
             if !ranks.contains(&rank) {
                 continue;
             }
-            let (Some(b), at) = c.split() else {
+            let Some(rec) = c.take() else {
                 continue;
             };
-            let v = b.view();
-            let rec = v.record(*at);
-            *at += 1;
             if decided || !self.clips[rank].admits(&key) {
                 continue;
             }
@@ -374,7 +411,7 @@ impl Export {
             match rec.kind {
                 Kind::Put => {
                     if operands.is_empty() {
-                        raw = Some(v.raw(&rec));
+                        raw = rec.raw;
                     }
                     base = Some(rec.value);
                     decided = true;
@@ -423,13 +460,6 @@ impl Export {
     }
 }
 
-/// The current key of cursor `i` (which has a record).
-fn head_key(cursors: &[Cursor], i: usize) -> &[u8] {
-    let c = &cursors[i];
-    let b = c.block().expect("a head has a current record");
-    b.view().key(c.rec)
-}
-
 fn too_large(len: usize) -> StoreError {
     StoreError::TooLarge {
         what: "a record (a joined list) in a snapshot",
@@ -458,14 +488,12 @@ fn merged_record<'a>(
 impl Export {
     fn new(
         spec: &ExportSpec,
-        layers: Vec<(u64, Rc<Segment>, Clip)>,
-        waiting: Vec<(u64, Clip)>,
+        layers: Vec<(u64, Captured, Clip)>,
         files: Vec<crate::io::FileId>,
     ) -> Export {
         Export {
             enc: ChunkEncoder::new(spec.snapshot_id),
             layers,
-            waiting,
             started: false,
             cursors: Vec::new(),
             clips: Vec::new(),
@@ -505,8 +533,9 @@ impl Import {
 impl<I: Io> Store<I> {
     /// The synchronous part of a portable export of `spec.owner`'s states
     /// in key groups `spec.lo..=spec.hi` (like a checkpoint's: freezes the
-    /// memtable and captures the layers; later writes are not exported).
-    /// Returns the export's id for [`Store::export_fill`].
+    /// memtable and captures the layers, frozen memtables included, which
+    /// it reads where they are; later writes are not exported). Returns
+    /// the export's id for [`Store::export_fill`].
     pub fn export(&mut self, spec: ExportSpec) -> Result<usize, StoreError> {
         if spec.lo > spec.hi {
             return Err(StoreError::Invalid("key-group range with lo > hi"));
@@ -516,8 +545,10 @@ impl<I: Io> Store<I> {
                 "{MAX_EXPORTS} exports are in progress"
             )));
         }
-        // Admitted before anything changes, for every layer it could take.
-        let (reserve, window) = self.admit_export(self.segments.len() + self.frozen.len() + 1)?;
+        // Admitted before anything changes, for every layer it could take
+        // (and a sort of every memtable).
+        let (reserve, window) = self.export_reserve(self.segments.len());
+        self.admit(reserve + self.export_sorts(), "an export")?;
         self.freeze();
         let keep = Region {
             lo: spec.lo,
@@ -530,50 +561,49 @@ impl<I: Io> Store<I> {
                 continue;
             }
             if let Some(clip) = self.capture_clip(seg.footer.order, seg.clip.as_ref(), &keep) {
-                layers.push((seg.footer.order, seg.clone(), clip));
+                layers.push((seg.footer.order, Captured::Segment(seg.clone()), clip));
             }
         }
-        let waiting: Vec<(u64, Clip)> = self
-            .frozen
-            .iter()
-            .filter_map(|(o, _)| Some((*o, self.capture_clip(*o, None, &keep)?)))
-            .collect();
-        if layers.len() + waiting.len() > MAX_EXPORT_LAYERS {
+        for (o, m) in &self.frozen {
+            if let Some(clip) = self.capture_clip(*o, None, &keep) {
+                layers.push((*o, Captured::Memtable(m.clone()), clip));
+            }
+        }
+        if layers.len() > MAX_EXPORT_LAYERS {
             return Err(StoreError::Limit(format!(
                 "the range has {} layers; compact before exporting",
-                layers.len() + waiting.len()
+                layers.len()
             )));
         }
-        let mut e = Export::new(&spec, layers, waiting, Vec::new());
+        let mut e = Export::new(&spec, layers, Vec::new());
         (e.reserve, e.window) = (reserve, window);
         let id = self.exports.insert(e);
         self.rebalance_cache();
         Ok(id)
     }
 
-    /// The memory an export of `layers` layers reserves and the window
-    /// they share, if the budget has room for it beside what the store
-    /// holds and plans (memtables, indexes, background work, other exports
-    /// and imports); else `Limit`, unless no other export or import runs.
-    fn admit_export(&self, layers: usize) -> Result<(usize, usize), StoreError> {
-        let (reserve, window) = self.export_reserve(layers);
-        self.admit(reserve, "an export")?;
-        Ok((reserve, window))
-    }
-
-    /// What an export of `layers` layers reserves, and the window they
-    /// share: 64 MiB, or an eighth of the budget if less (at least 1 MiB).
+    /// What an export of `layers` segments reserves for its read-ahead,
+    /// and the window they share: 64 MiB, or an eighth of the budget if
+    /// less (at least 1 MiB).
     fn export_reserve(&self, layers: usize) -> (usize, usize) {
         let window = (self.cfg.memory_budget / 8).clamp(1 << 20, EXPORT_WINDOW);
         (window.max(layers * EXPORT_LAYER_MIN), window)
     }
 
+    /// What sorts of the memtables an export started now would take (the
+    /// active one is frozen by it).
+    fn export_sorts(&self) -> usize {
+        std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|(_, m)| &**m))
+            .map(MemCursor::sort_bytes)
+            .sum()
+    }
+
     /// Whether an export started now would have to wait for others to end
-    /// (the budget has no room for its read-ahead): a caller that can
-    /// leave it queued does, rather than see `Limit`.
+    /// (the budget has no room for its read-ahead and sorts): a caller
+    /// that can leave it queued does, rather than see `Limit`.
     pub fn export_should_wait(&self) -> bool {
-        let layers = self.segments.len() + self.frozen.len() + 1;
-        !self.has_room(self.export_reserve(layers).0)
+        !self.has_room(self.export_reserve(self.segments.len()).0 + self.export_sorts())
     }
 
     /// As [`Store::export_should_wait`], for an import.
@@ -642,7 +672,8 @@ impl<I: Io> Store<I> {
                 "the checkpoints name {named} layers; at most {MAX_EXPORT_LAYERS} export at once"
             )));
         }
-        let (reserve, window) = self.admit_export(named)?;
+        let (reserve, window) = self.export_reserve(named);
+        self.admit(reserve, "an export")?;
         let opened = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
         let files: Vec<_> = opened.iter().map(|s| s.file).collect();
         let states = state_set(spec.states.iter().map(|s| s.id).collect());
@@ -667,9 +698,9 @@ impl<I: Io> Store<I> {
             };
             // Newest first within a manifest; manifests hold disjoint key
             // groups, so their relative order does not matter.
-            layers.push((n - i as u64, Rc::new(seg), clip));
+            layers.push((n - i as u64, Captured::Segment(Rc::new(seg)), clip));
         }
-        let mut e = Export::new(&spec, layers, Vec::new(), files);
+        let mut e = Export::new(&spec, layers, files);
         (e.reserve, e.window) = (reserve, window);
         let id = self.exports.insert(e);
         self.rebalance_cache();
@@ -704,24 +735,33 @@ impl<I: Io> Store<I> {
             return Err(err);
         }
         if !e.started {
-            if !e.waiting.is_empty() {
-                return Ok(Fill::Wait);
-            }
             e.layers.sort_by_key(|l| Reverse(l.0));
-            let per_layer = e.window / e.layers.len().max(1);
+            let segments = e
+                .layers
+                .iter()
+                .filter(|l| matches!(l.1, Captured::Segment(_)))
+                .count();
+            let per_layer = e.window / segments.max(1);
             let blocks = (per_layer / ALIGN / 2).clamp(8, EXPORT_READ_BLOCKS);
             let reads = (per_layer / (blocks * ALIGN)).clamp(1, EXPORT_READS);
-            for (_, seg, clip) in e.layers.drain(..) {
+            for (order, layer, clip) in e.layers.drain(..) {
                 let (lo, hi) = (clip.keep.lo, clip.keep.hi);
-                e.cursors
-                    .push(Cursor::key_groups(seg, lo, hi, blocks, reads));
+                e.cursors.push(match layer {
+                    Captured::Segment(seg) => {
+                        Source::Segment(Cursor::key_groups(seg, lo, hi, blocks, reads))
+                    }
+                    Captured::Memtable(m) => Source::Memtable(MemCursor::new(order, m, lo, hi)),
+                });
                 e.clips.push(clip);
             }
             e.moved = (0..e.cursors.len()).rev().collect();
             e.started = true;
+            self.rebalance_cache();
         }
+        let e = self.exports.get_mut(id).expect("checked above");
         let read = |e: &mut Export, reads: &mut tier::Reads<'_, I>| {
             for (ci, c) in e.cursors.iter_mut().enumerate() {
+                let Source::Segment(c) = c else { continue };
                 c.read_ahead(reads, |first| {
                     tag(
                         Tag::ExportRead,
@@ -735,6 +775,11 @@ impl<I: Io> Store<I> {
             tier: self.tier.as_mut(),
         };
         read(e, &mut reads);
+        // Memtables are put in key order first, a bounded step per call.
+        if !e.sort_until(crate::clock::now() + self.cfg.background_slice) {
+            let _ = self.io.submit();
+            return Ok(Fill::Again);
+        }
         let fill = e.fill(slot);
         read(e, &mut reads);
         if let Some(err) = e.error.take() {
@@ -768,33 +813,13 @@ impl<I: Io> Store<I> {
         let Some(e) = self.exports.get_mut(id) else {
             return;
         };
-        if let Err(err) = e.cursors[ci].read_done(first, c) {
+        if let Source::Segment(cursor) = &mut e.cursors[ci]
+            && let Err(err) = cursor.read_done(first, c)
+        {
             e.error.get_or_insert(err);
         }
         if e.cancelled && !e.in_flight() {
             self.end_export(id);
-        }
-    }
-
-    /// A frozen memtable became `seg`: exports waiting for it take it.
-    pub(super) fn export_layer_flushed(&mut self, seg: &Rc<Segment>) {
-        let order = seg.footer.order;
-        for (_, e) in self.exports.iter_mut() {
-            if let Some(i) = e.waiting.iter().position(|(o, _)| *o == order) {
-                let (_, clip) = e.waiting.swap_remove(i);
-                if seg.footer.max_kg >= clip.keep.lo && seg.footer.min_kg <= clip.keep.hi {
-                    e.layers.push((order, seg.clone(), clip));
-                }
-            }
-        }
-    }
-
-    /// A flush failed: exports waiting for one fail with its error.
-    pub(super) fn fail_export_waiters(&mut self, err: &StoreError) {
-        for (_, e) in self.exports.iter_mut() {
-            if !e.waiting.is_empty() {
-                e.error.get_or_insert_with(|| err.clone());
-            }
         }
     }
 
