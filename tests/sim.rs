@@ -1265,12 +1265,13 @@ impl Sim {
     }
 
     fn plan(&mut self) -> FaultPlan {
-        let fault = match self.rng.below(6) {
+        let fault = match self.rng.below(7) {
             0 => Fault::ReadEio,
             1 => Fault::WriteEio,
             2 => Fault::NoSpace,
             3 => Fault::FsyncEio,
             4 => Fault::TornWriteCrash,
+            5 => Fault::RenameEio,
             _ => Fault::ReadBitFlip,
         };
         FaultPlan {

@@ -208,6 +208,8 @@ fn a_restored_layer_that_read_damaged_once_is_there_at_the_next_open() {
     run(&mut s, Op::Put(kr(&k(70_000)), &[9; 64])).unwrap();
     // The restored layer references the checkpoint's segment.
     s.restore(WHOLE, &[h.as_slice()]).unwrap();
+    // (Once the layer list naming it is durable.)
+    settle_fully(&mut s);
     drop(s);
     let Err(e) = open_with_a_seen_flip(d.path(), |r| r.is_err()) else {
         panic!("the open went on without the restored layer");
@@ -551,6 +553,9 @@ impl stator_store::io::Io for LagIo {
     }
     fn unlink(&mut self, p: &std::path::Path, t: u64) {
         self.inner.unlink(p, t)
+    }
+    fn rename(&mut self, from: &std::path::Path, to: &std::path::Path, t: u64) {
+        self.inner.rename(from, to, t)
     }
     fn submit(&mut self) -> std::io::Result<()> {
         self.inner.submit()
@@ -1161,11 +1166,74 @@ fn a_checkpoint_segment_set_aside_by_a_passing_fault_restores_later() {
             Owned::Value(Some(vec![i as u8; 64]))
         );
     }
-    // And the restored layer is there at the next open.
+    // And the restored layer is there at the next open, once the layer
+    // list naming it is durable.
+    settle_fully(&mut s);
     drop(s);
     let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
     assert_eq!(
         run(&mut s, Op::Get(kr(&k(499)))).unwrap(),
         Owned::Value(Some(vec![499u32 as u8; 64]))
     );
+}
+
+/// Issue 25: a key-group delete (like a restore) wrote and fsynced the
+/// layer list with blocking calls on the caller's thread. Now the list is
+/// written through the I/O layer in the background, where the fault
+/// injector reaches its rename: the failure is reported and retried, and
+/// until the list is durable no newer layer reaches the disk, so a crash
+/// meanwhile finds the state from before the delete, whole.
+#[test]
+fn the_layer_list_is_written_through_the_io_layer_and_retried() {
+    let d = tempfile::tempdir().unwrap();
+    build(d.path(), 100);
+    let rename_fails = || {
+        let plan = FaultPlan {
+            after: 0,
+            fault: Fault::RenameEio,
+            sticky: false,
+        };
+        Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), Some(plan)))
+            .unwrap()
+            .0
+    };
+    let get = |s: &mut Store<FaultIo<SyncIo>>, i: u32| run(s, Op::Get(kr(&k(i)))).unwrap();
+    for crash_before_the_retry in [true, false] {
+        let mut s = rename_fails();
+        run(&mut s, Op::DeleteKeyGroups { lo: 0, hi: 15 }).unwrap();
+        assert_eq!(get(&mut s, 7), Owned::Value(None), "deleted at once");
+        run(&mut s, Op::Put(kr(&k(1000)), b"newer")).unwrap();
+        s.flush();
+        let flushes = s.stats().flushes;
+        while s.stats().background_failures == 0 {
+            s.poll(|_, _| {});
+        }
+        let e = s.stats().last_background_error.clone().unwrap();
+        assert!(e.to_string().contains("rename"), "{e}");
+        assert_eq!(s.io().injected, 1);
+        assert_eq!(s.stats().flushes, flushes, "flushed before the list");
+        if crash_before_the_retry {
+            drop(s);
+            let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+            assert_eq!(
+                run(&mut s, Op::Get(kr(&k(7)))).unwrap(),
+                Owned::Value(Some(vec![7; 64])),
+                "the state from before the delete"
+            );
+            assert_eq!(
+                run(&mut s, Op::Get(kr(&k(1000)))).unwrap(),
+                Owned::Value(None)
+            );
+            continue;
+        }
+        settle_fully(&mut s);
+        assert_eq!(s.stats().flushes, flushes + 1);
+        drop(s);
+        let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+        assert_eq!(run(&mut s, Op::Get(kr(&k(7)))).unwrap(), Owned::Value(None));
+        assert_eq!(
+            run(&mut s, Op::Get(kr(&k(1000)))).unwrap(),
+            Owned::Value(Some(b"newer".to_vec()))
+        );
+    }
 }

@@ -296,6 +296,9 @@ fn run_case<I: Io>(ops: Vec<MOp>, mk: fn() -> I) {
             MOp::DeleteKeyGroups(lo, hi) => {
                 run(&mut s, Op::DeleteKeyGroups { lo, hi }).unwrap();
                 m.delete_kgs(lo, hi);
+                // Durable once the layer list is written, in the
+                // background (let finish here).
+                settle_fully(&mut s);
                 durable.delete_kgs(lo, hi);
             }
             MOp::Flush => {

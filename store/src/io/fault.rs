@@ -30,6 +30,8 @@ pub enum Fault {
     TornWriteCrash,
     /// The chosen read returns data with one bit flipped.
     ReadBitFlip,
+    /// The chosen rename fails with EIO (nothing renamed).
+    RenameEio,
 }
 
 impl Fault {
@@ -42,6 +44,7 @@ impl Fault {
                     OpKind::Write
                 )
                 | (Fault::FsyncEio, OpKind::Fsync)
+                | (Fault::RenameEio, OpKind::Rename)
         )
     }
 }
@@ -51,6 +54,7 @@ enum OpKind {
     Read,
     Write,
     Fsync,
+    Rename,
 }
 
 /// When to inject.
@@ -71,7 +75,7 @@ const INTERNAL: u64 = 1 << 63;
 pub struct FaultIo<I: Io> {
     inner: I,
     plan: Option<FaultPlan>,
-    counts: [u64; 3],
+    counts: [u64; 4],
     crashed: bool,
     /// Faults injected so far.
     pub injected: u64,
@@ -132,7 +136,7 @@ impl<I: Io> FaultIo<I> {
         FaultIo {
             inner,
             plan,
-            counts: [0; 3],
+            counts: [0; 4],
             crashed: false,
             injected: 0,
             done: VecDeque::new(),
@@ -230,7 +234,7 @@ impl<I: Io> FaultIo<I> {
     /// Replaces the plan and resets the counters.
     pub fn set_plan(&mut self, plan: Option<FaultPlan>) {
         self.plan = plan;
-        self.counts = [0; 3];
+        self.counts = [0; 4];
     }
 
     /// True once a torn write "crashed the machine".
@@ -367,6 +371,16 @@ impl<I: Io> Io for FaultIo<I> {
         }
         self.forget_writes(path);
         self.inner.unlink(path, token)
+    }
+
+    fn rename(&mut self, from: &Path, to: &Path, token: u64) {
+        if self.crashed {
+            return self.fail(token, None, libc::EIO);
+        }
+        match self.hit(OpKind::Rename) {
+            Some(Fault::RenameEio) => self.fail(token, None, libc::EIO),
+            _ => self.inner.rename(from, to, token),
+        }
     }
 
     fn submit(&mut self) -> IoResult<()> {

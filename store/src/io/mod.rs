@@ -114,6 +114,10 @@ pub trait Io {
     /// unlink a while (280 ms for 1.5 GB on this project's ext4), which a
     /// shard must not wait for. Completes with `Ok(0)` or the errno.
     fn unlink(&mut self, path: &Path, token: u64);
+    /// Renames `from` to `to` (replacing `to`), off the caller's thread
+    /// where the implementation can. Durable once the directory is
+    /// fsynced. Completes with `Ok(0)` or the errno.
+    fn rename(&mut self, from: &Path, to: &Path, token: u64);
     /// Hands queued operations to the kernel (one syscall for a batch).
     fn submit(&mut self) -> IoResult<()>;
     /// Moves finished operations to `out` without blocking.

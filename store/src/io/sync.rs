@@ -161,6 +161,14 @@ impl Io for SyncIo {
             .push_back(IoCompletion::local(token, None, result));
     }
 
+    fn rename(&mut self, from: &Path, to: &Path, token: u64) {
+        let result = std::fs::rename(from, to)
+            .map(|_| 0)
+            .map_err(|e| errno_of(&e));
+        self.done
+            .push_back(IoCompletion::local(token, None, result));
+    }
+
     fn submit(&mut self) -> IoResult<()> {
         Ok(())
     }

@@ -41,6 +41,9 @@ enum Kind {
     /// `unlinkat` of the path at this index of `UringIo::paths` (run by
     /// an io-wq worker).
     Unlink(usize),
+    /// `renameat` of the path at the first index of `UringIo::paths` to
+    /// the one at the second (run by an io-wq worker).
+    Rename(usize, usize),
     /// One-shot readiness of a foreign fd (a client's doorbell): the
     /// caller's, not the store's; its completion goes to `ready`.
     Poll(i32),
@@ -78,7 +81,7 @@ pub struct UringIo {
     ring: IoUring,
     files: Slab<FileEntry>,
     ops: Slab<Op>,
-    /// Paths of unlinks in flight (see `Kind::Unlink`).
+    /// Paths of unlinks and renames in flight (see `Kind::Unlink`).
     paths: Slab<std::ffi::CString>,
     /// Ops waiting for submission-queue room, in order.
     backlog: VecDeque<usize>,
@@ -208,6 +211,18 @@ impl UringIo {
             self.in_kernel += pushed as usize;
             return pushed;
         }
+        if let Kind::Rename(from, to) = op.kind {
+            let cwd = types::Fd(libc::AT_FDCWD);
+            let entry =
+                opcode::RenameAt::new(cwd, self.paths[from].as_ptr(), cwd, self.paths[to].as_ptr())
+                    .build()
+                    .user_data(idx as u64);
+            // SAFETY: both paths are owned by `paths` until the op's
+            // completion is reaped (`finish` removes them only then).
+            let pushed = unsafe { self.ring.submission().push(&entry) }.is_ok();
+            self.in_kernel += pushed as usize;
+            return pushed;
+        }
         if let Kind::Poll(fd) = op.kind {
             let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
                 .build()
@@ -244,7 +259,9 @@ impl UringIo {
                 }
             }
             Kind::Fsync => opcode::Fsync::new(fd).build(),
-            Kind::Poll(_) | Kind::Prefault(..) | Kind::Unlink(_) => unreachable!("pushed above"),
+            Kind::Poll(_) | Kind::Prefault(..) | Kind::Unlink(_) | Kind::Rename(..) => {
+                unreachable!("pushed above")
+            }
         }
         .user_data(idx as u64);
         // SAFETY: the entry's buffer pointer is owned by `ops[idx]` and
@@ -276,6 +293,10 @@ impl UringIo {
             }
             Kind::Unlink(i) => {
                 self.paths.remove(i);
+            }
+            Kind::Rename(from, to) => {
+                self.paths.remove(from);
+                self.paths.remove(to);
             }
             Kind::Read | Kind::Write | Kind::Fsync => {}
         }
@@ -330,9 +351,11 @@ impl UringIo {
                 continue;
             }
             match op.kind {
-                Kind::Fsync | Kind::Poll(_) | Kind::Prefault(..) | Kind::Unlink(_) => {
-                    self.finish(idx, Ok(0))
-                }
+                Kind::Fsync
+                | Kind::Poll(_)
+                | Kind::Prefault(..)
+                | Kind::Unlink(_)
+                | Kind::Rename(..) => self.finish(idx, Ok(0)),
                 Kind::Read | Kind::Write => {
                     let total = op.buf.as_ref().map_or(0, |b| b.len());
                     if res == 0 {
@@ -497,6 +520,24 @@ impl Io for UringIo {
         self.enqueue(Op {
             token,
             kind: Kind::Unlink(i),
+            file: FileId::MAX,
+            offset: 0,
+            buf: None,
+            done: 0,
+        });
+    }
+
+    fn rename(&mut self, from: &Path, to: &Path, token: u64) {
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok();
+        let (Some(from), Some(to)) = (c(from), c(to)) else {
+            return self
+                .done
+                .push_back(IoCompletion::local(token, None, Err(libc::EINVAL)));
+        };
+        let (from, to) = (self.paths.insert(from), self.paths.insert(to));
+        self.enqueue(Op {
+            token,
+            kind: Kind::Rename(from, to),
             file: FileId::MAX,
             offset: 0,
             buf: None,
@@ -708,6 +749,33 @@ mod tests {
         assert_eq!((got[0].token, got[0].result), (7, Ok(0)));
         assert_eq!((got[1].token, got[1].result), (8, Err(libc::ENOENT)));
         assert!(!p.exists(), "the file is still there");
+        assert_eq!(io.in_flight(), 0);
+    }
+
+    /// A rename runs in the kernel and completes with its token: the file
+    /// is under its new name after it (replacing what was there), and a
+    /// missing file's errno comes back.
+    #[test]
+    fn a_rename_completes_with_its_result() {
+        let (_d, p) = file(1);
+        let to = p.with_extension("renamed");
+        std::fs::write(&to, b"replaced").unwrap();
+        let mut io = UringIo::new(8, false).unwrap();
+        io.rename(&p, &to, 7);
+        io.rename(&p.with_extension("missing"), &to, 8);
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(20);
+        while got.len() < 2 {
+            assert!(Instant::now() < end, "the renames never completed");
+            io.submit().unwrap();
+            io.reap(&mut got);
+            io.wait(Some(Duration::from_millis(10))).unwrap();
+        }
+        got.sort_by_key(|c| c.token);
+        assert_eq!((got[0].token, got[0].result), (7, Ok(0)));
+        assert_eq!((got[1].token, got[1].result), (8, Err(libc::ENOENT)));
+        assert!(!p.exists());
+        assert_eq!(std::fs::metadata(&to).unwrap().len(), 4096);
         assert_eq!(io.in_flight(), 0);
     }
 

@@ -172,6 +172,7 @@ impl<I: Io> Store<I> {
                 Tag::ExportRead => self.export_read_done(v, c),
                 Tag::CacheWrite => self.writeback_done(v as usize, c.result),
                 Tag::ImportWrite | Tag::ImportSync => self.import_io_done(t, v, c),
+                Tag::Layers => self.layers_io_done(v, c.result),
                 Tag::Unlink => {
                     self.unlinking.retain(|(serial, _)| *serial != v);
                     if c.result.is_err_and(|e| e != libc::ENOENT) {
@@ -245,6 +246,7 @@ impl<I: Io> Store<I> {
         if !self.awaiting_dir_sync.is_empty() && !self.dir_sync_in_flight {
             self.sync_dir();
         }
+        self.step_layers();
         if self.flush.is_none() && !self.frozen.is_empty() {
             self.start_flush();
         }
@@ -306,6 +308,10 @@ impl<I: Io> Store<I> {
         let Some((order, _)) = self.frozen.last() else {
             return false;
         };
+        // A newer layer must not be durable before the list (see `layers`).
+        if self.layers.pending() {
+            return false;
+        }
         self.unlinking.is_empty()
             || !self.unlink_pending(&self.cfg.dir.join(segment::file_name(*order, 0)))
     }
@@ -359,18 +365,22 @@ impl<I: Io> Store<I> {
     /// should poll again rather than wait.
     pub fn background_runnable(&self) -> bool {
         self.retry_at.is_none()
-            && (self.flush.as_ref().map_or(self.flush_can_start(), |j| {
-                !j.syncing && (matches!(j.order, FlushOrder::Sorting(_)) || j.writer.write_room())
-            }) || self.compact.as_ref().is_some_and(|j| {
-                // Every input has its block, or none waits for a read (it
-                // is finished, or the step issues its read).
-                !j.syncing
-                    && j.error.is_none()
-                    && j.writer.write_room()
-                    && j.cursors
-                        .iter()
-                        .all(|c| c.block().is_some() || c.reads_in_flight() == 0)
-            }) || self.checkpoint_runnable())
+            && (self.layers.startable()
+                || self.flush.as_ref().map_or(self.flush_can_start(), |j| {
+                    !j.syncing
+                        && (matches!(j.order, FlushOrder::Sorting(_)) || j.writer.write_room())
+                })
+                || self.compact.as_ref().is_some_and(|j| {
+                    // Every input has its block, or none waits for a read (it
+                    // is finished, or the step issues its read).
+                    !j.syncing
+                        && j.error.is_none()
+                        && j.writer.write_room()
+                        && j.cursors
+                            .iter()
+                            .all(|c| c.block().is_some() || c.reads_in_flight() == 0)
+                })
+                || self.checkpoint_runnable())
     }
 
     /// Runs background work until flushes and compactions are finished.

@@ -22,6 +22,7 @@ mod checkpoint;
 mod compact;
 mod flush;
 mod iter;
+mod layers;
 mod markers;
 mod portable;
 mod read;
@@ -58,6 +59,7 @@ use crate::memtable::Memtable;
 use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
 use crate::pool::Pool;
 use crate::segment::{self, Segment, SegmentWriter};
+use layers::{ImportRec, LAYERS_FILE, Layers, load_layers, save_layers};
 use source::{MemCursor, Source};
 use stream::{At, Cursor};
 
@@ -366,6 +368,8 @@ enum Tag {
     MarkerSync = 15,
     MarkerDirSync = 16,
     Unlink = 17,
+    /// A step of the layer list's write (see `layers`).
+    Layers = 18,
     /// The remote tier's own requests (`tier.rs`): never completions of
     /// the local I/O layer.
     TierUpload = 20,
@@ -404,6 +408,7 @@ impl Tag {
             15 => Tag::MarkerSync,
             16 => Tag::MarkerDirSync,
             17 => Tag::Unlink,
+            18 => Tag::Layers,
             20 => Tag::TierUpload,
             21 => Tag::TierDelete,
             22 => Tag::TierPunch,
@@ -620,6 +625,8 @@ pub struct Store<I: Io> {
     ckpt: checkpoint::Checkpoints,
     /// Portable exports and imports in progress (see `portable.rs`).
     exports: Slab<portable::Export>,
+    /// The layer list's write to the disk (see `layers`).
+    layers: Layers,
     /// Serial of the next flush or compaction job.
     job_serial: u64,
     imports: Slab<portable::Import>,
@@ -1133,6 +1140,7 @@ impl<I: Io> Store<I> {
             dropped: None,
             ckpt,
             exports: Slab::new(),
+            layers: Layers::default(),
             job_serial: 0,
             imports: Slab::new(),
             next_import_file,
@@ -1443,6 +1451,7 @@ impl<I: Io> Store<I> {
             || !self.awaiting_dir_sync.is_empty()
             || !self.unlinking.is_empty()
             || self.ckpt.markers.outstanding()
+            || self.layers.pending()
             // Writes wait for these (see `write_room`): a shard that slept
             // the full second would stall them that long.
             || self.reuse.incoming_bytes() > 0
@@ -1603,171 +1612,4 @@ fn read_sync<I: Io>(
         io.wait(Some(Duration::from_millis(100)))
             .map_err(|e| StoreError::io(path, "wait", &e))?;
     }
-}
-
-/// Version 1's list of key-group deletes, read once and replaced by
-/// [`LAYERS_FILE`] (FORMAT.md §10).
-const KGDEL_FILE: &str = "KGDELETES";
-/// Masks (key-group deletes, restored regions) and the segments restores
-/// reference (FORMAT.md §10).
-const LAYERS_FILE: &str = "LAYERS";
-const LAYERS_MAGIC: [u8; 8] = *b"STLAYERS";
-const LAYERS_VERSION: u16 = 1;
-
-/// A segment a restore references, as `LAYERS` records it.
-struct ImportRec {
-    name: String,
-    order: u64,
-    generation: u32,
-    clip: Clip,
-}
-
-/// Masks, imports, and whether the file must be rewritten (it was the
-/// version-1 `KGDELETES`).
-fn load_layers(dir: &Path) -> Result<(Vec<KgDelete>, Vec<ImportRec>, bool), StoreError> {
-    let path = dir.join(LAYERS_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let old = load_kg_deletes(dir)?;
-            let legacy = !old.is_empty();
-            return Ok((old, Vec::new(), legacy));
-        }
-        Err(e) => return Err(StoreError::io(&path, "read", &e)),
-    };
-    let bad = |what| StoreError::Corrupt {
-        path: path.display().to_string(),
-        offset: 0,
-        what,
-    };
-    if bytes.len() < 20 || bytes[..8] != LAYERS_MAGIC {
-        return Err(bad("layer list has a bad magic"));
-    }
-    if u16::from_le_bytes([bytes[8], bytes[9]]) != LAYERS_VERSION {
-        return Err(bad(format::UNSUPPORTED_VERSION));
-    }
-    let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
-    if body_len < 16 || body_len + 4 != bytes.len() {
-        return Err(bad("layer list length mismatch"));
-    }
-    if crc32c::crc32c(&bytes[..body_len])
-        != u32::from_le_bytes(bytes[body_len..].try_into().expect("4"))
-    {
-        return Err(bad("layer list checksum mismatch"));
-    }
-    let parse = || -> Result<(Vec<KgDelete>, Vec<ImportRec>), crate::manifest::Malformed> {
-        let mut r = crate::manifest::R(&bytes[16..body_len]);
-        let n = r.u32()?;
-        let mut masks = Vec::new();
-        for _ in 0..n {
-            let max_order = r.u64()?;
-            let region = crate::manifest::decode_region(&mut r)?;
-            masks.push(KgDelete { region, max_order });
-        }
-        let n = r.u32()?;
-        let mut imports = Vec::new();
-        for _ in 0..n {
-            let nl = r.u16()? as usize;
-            let name: Vec<u8> = (0..nl).map(|_| r.u8()).collect::<Result<_, _>>()?;
-            let name = String::from_utf8(name)
-                .ok()
-                .filter(|n| segment::is_layer_file_name(n))
-                .ok_or(crate::manifest::Malformed("import names no segment file"))?;
-            let order = r.u64()?;
-            let generation = r.u32()?;
-            let clip = crate::manifest::decode_clip(&mut r)?;
-            imports.push(ImportRec {
-                name,
-                order,
-                generation,
-                clip,
-            });
-        }
-        if !r.0.is_empty() {
-            return Err(crate::manifest::Malformed("bytes after the last import"));
-        }
-        Ok((masks, imports))
-    };
-    let (masks, imports) = parse().map_err(|m| bad(m.0))?;
-    Ok((masks, imports, false))
-}
-
-/// Persists the masks and the restored layers among `layers`: written to a
-/// temporary file, synced, renamed over the old list (rare: key-group
-/// deletes and restores, never the request path).
-fn save_layers(dir: &Path, masks: &[KgDelete], layers: &[Rc<Segment>]) -> Result<(), StoreError> {
-    use std::io::Write;
-    let path = dir.join(LAYERS_FILE);
-    let tmp = dir.join(format!("{LAYERS_FILE}.tmp"));
-    let mut body = Vec::new();
-    body.extend_from_slice(&LAYERS_MAGIC);
-    body.extend_from_slice(&LAYERS_VERSION.to_le_bytes());
-    body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    body.extend_from_slice(&(masks.len() as u32).to_le_bytes());
-    for d in masks {
-        body.extend_from_slice(&d.max_order.to_le_bytes());
-        crate::manifest::encode_region(&mut body, &d.region);
-    }
-    let imports: Vec<&Rc<Segment>> = layers.iter().filter(|s| s.clip.is_some()).collect();
-    body.extend_from_slice(&(imports.len() as u32).to_le_bytes());
-    for s in imports {
-        let name = s.name();
-        body.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        body.extend_from_slice(name.as_bytes());
-        body.extend_from_slice(&s.footer.order.to_le_bytes());
-        body.extend_from_slice(&s.footer.generation.to_le_bytes());
-        crate::manifest::encode_clip(&mut body, s.clip.as_ref().expect("filtered"));
-    }
-    let body_len = body.len() as u32;
-    body[12..16].copy_from_slice(&body_len.to_le_bytes());
-    let crc = crc32c::crc32c(&body);
-    body.extend_from_slice(&crc.to_le_bytes());
-    let r = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        match std::fs::remove_file(dir.join(KGDEL_FILE)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    r.map_err(|e| StoreError::io(&path, "write", &e))
-}
-
-fn load_kg_deletes(dir: &Path) -> Result<Vec<KgDelete>, StoreError> {
-    let path = dir.join(KGDEL_FILE);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StoreError::io(&path, "read", &e)),
-    };
-    let bad = |what| StoreError::Corrupt {
-        path: path.display().to_string(),
-        offset: 0,
-        what,
-    };
-    if bytes.len() < 8 || !(bytes.len() - 8).is_multiple_of(12) {
-        return Err(bad("key-group delete list has a bad length"));
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4")) {
-        return Err(bad("key-group delete list checksum mismatch"));
-    }
-    let count = u32::from_le_bytes(body[..4].try_into().expect("4")) as usize;
-    if count * 12 != body.len() - 4 {
-        return Err(bad("key-group delete list count does not match its length"));
-    }
-    Ok(body[4..]
-        .chunks_exact(12)
-        .map(|c| KgDelete {
-            region: Region {
-                lo: u16::from_le_bytes([c[0], c[1]]),
-                hi: u16::from_le_bytes([c[2], c[3]]),
-                states: None,
-            },
-            max_order: u64::from_le_bytes(c[4..12].try_into().expect("8")),
-        })
-        .collect())
 }

@@ -1049,13 +1049,7 @@ impl<I: Io> Store<I> {
             added.push(seg);
         }
         let layers = added.len() as u32;
-        let paths: Vec<PathBuf> = added.iter().map(|s| s.path.clone()).collect();
-        if let Err(e) = self.install_layers(added, imp.spec.lo, imp.spec.hi, states) {
-            for p in &paths {
-                self.unlink(p);
-            }
-            return Err(e);
-        }
+        self.install_layers(added, imp.spec.lo, imp.spec.hi, states);
         Ok(Imported {
             chunks: d.chunks,
             groups: d.groups,
@@ -1067,15 +1061,15 @@ impl<I: Io> Store<I> {
     }
 
     /// Masks `states` in key groups `lo..=hi` in every existing layer and
-    /// places `added` (newest first) above them, durably (the layer list
-    /// is rewritten). On an error nothing changed and `added` is closed.
+    /// places `added` (newest first) above them; the layer list is
+    /// written in the background (see `layers`).
     pub(super) fn install_layers(
         &mut self,
         added: Vec<Segment>,
         lo: u16,
         hi: u16,
         states: Vec<u32>,
-    ) -> Result<usize, StoreError> {
+    ) -> usize {
         self.freeze();
         let mask = KgDelete {
             region: Region {
@@ -1094,18 +1088,9 @@ impl<I: Io> Store<I> {
             self.segments.push(Rc::new(s));
         }
         sort_layers(&mut self.segments);
-        if let Err(e) = self.push_mask(mask) {
-            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.segments)
-                .into_iter()
-                .partition(|s| ids.contains(&s.id));
-            self.segments = kept;
-            for s in gone {
-                self.io.close(s.file);
-            }
-            return Err(e);
-        }
+        self.push_mask(mask);
         self.rebalance_cache();
-        Ok(ids.len())
+        ids.len()
     }
 }
 

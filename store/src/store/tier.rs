@@ -529,6 +529,7 @@ impl Tier {
                 | Tag::MarkerSync
                 | Tag::MarkerDirSync
                 | Tag::Unlink
+                | Tag::Layers
                 | Tag::CacheWrite,
             )
             | None => {}

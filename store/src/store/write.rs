@@ -97,9 +97,9 @@ impl<I: Io> Store<I> {
 
     pub(super) fn delete_key_groups(&mut self, lo: u16, hi: u16) -> Result<(), StoreError> {
         // Every older layer (frozen memtables and segments, which already
-        // have orders) is masked; the mask is durable before anything
-        // changes, so a failure leaves the store as it was. Then the active
-        // memtable drops its records.
+        // have orders) is masked (durable in the background, before any
+        // newer layer: see `layers`). Then the active memtable drops its
+        // records.
         let max_order = self.next_order - 1;
         self.push_mask(KgDelete {
             region: Region {
@@ -108,15 +108,16 @@ impl<I: Io> Store<I> {
                 states: None,
             },
             max_order,
-        })?;
+        });
         self.active.delete_key_groups(lo, hi);
         Ok(())
     }
 
-    /// Adds a mask and makes it durable; on failure the store is as it was.
-    /// Restored layers the mask hides entirely are dropped (retired) with
-    /// it, so repeated restores do not pile up layers and open files.
-    pub(super) fn push_mask(&mut self, m: KgDelete) -> Result<(), StoreError> {
+    /// Adds a mask; the layer list is made durable in the background (see
+    /// `layers`). Restored layers the mask hides entirely are dropped with
+    /// it (retired once the list is durable), so repeated restores do not
+    /// pile up layers and open files.
+    pub(super) fn push_mask(&mut self, m: KgDelete) {
         let compacting: Vec<u64> = self
             .compact
             .as_ref()
@@ -133,17 +134,9 @@ impl<I: Io> Store<I> {
         self.segments = kept;
         // A mask of the same region with a newer max_order replaces an
         // older one (repeated restores of one range do not pile up masks).
-        let before = self.kg_deletes.clone();
         self.kg_deletes.retain(|d| d.region != m.region);
         self.kg_deletes.push(m);
-        if let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments) {
-            self.kg_deletes = before;
-            self.segments.extend(gone);
-            sort_layers(&mut self.segments);
-            return Err(e);
-        }
-        self.retired.extend(gone);
-        Ok(())
+        self.layers.changed(gone);
     }
 
     /// Forgets key-group deletes that no layer is old enough to be under.
@@ -159,11 +152,8 @@ impl<I: Io> Store<I> {
             .unwrap_or(u64::MAX);
         let before = self.kg_deletes.len();
         self.kg_deletes.retain(|d| d.max_order >= oldest);
-        if self.kg_deletes.len() != before
-            && let Err(e) = save_layers(&self.cfg.dir, &self.kg_deletes, &self.segments)
-        {
-            self.stats.last_background_error = Some(e);
-            self.stats.background_failures += 1;
+        if self.kg_deletes.len() != before {
+            self.layers.changed(Vec::new());
         }
     }
 
