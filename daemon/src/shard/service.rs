@@ -78,6 +78,13 @@ impl<I: Io> Shard<I> {
                 if n == 0 {
                     return Ok(false);
                 }
+                // Stopped at a write last pass, which is still the queue's
+                // head (nothing behind it was taken): with no room for
+                // writes yet there is nothing to take, and nothing to pop
+                // and put back.
+                if *write_wait && write_admit == 0 {
+                    return Ok(false);
+                }
                 *write_wait = false;
                 let mut tally = Tally::default();
                 let mut who = Runner {
