@@ -737,14 +737,7 @@ mod tests {
         let mut io = UringIo::new(8, false).unwrap();
         io.unlink(&p, 7);
         io.unlink(&p.with_extension("missing"), 8);
-        let mut got = Vec::new();
-        let end = Instant::now() + Duration::from_secs(20);
-        while got.len() < 2 {
-            assert!(Instant::now() < end, "the unlinks never completed");
-            io.submit().unwrap();
-            io.reap(&mut got);
-            io.wait(Some(Duration::from_millis(10))).unwrap();
-        }
+        let mut got = collect(&mut io, 2, true);
         got.sort_by_key(|c| c.token);
         assert_eq!((got[0].token, got[0].result), (7, Ok(0)));
         assert_eq!((got[1].token, got[1].result), (8, Err(libc::ENOENT)));
@@ -763,14 +756,7 @@ mod tests {
         let mut io = UringIo::new(8, false).unwrap();
         io.rename(&p, &to, 7);
         io.rename(&p.with_extension("missing"), &to, 8);
-        let mut got = Vec::new();
-        let end = Instant::now() + Duration::from_secs(20);
-        while got.len() < 2 {
-            assert!(Instant::now() < end, "the renames never completed");
-            io.submit().unwrap();
-            io.reap(&mut got);
-            io.wait(Some(Duration::from_millis(10))).unwrap();
-        }
+        let mut got = collect(&mut io, 2, true);
         got.sort_by_key(|c| c.token);
         assert_eq!((got[0].token, got[0].result), (7, Ok(0)));
         assert_eq!((got[1].token, got[1].result), (8, Err(libc::ENOENT)));
