@@ -135,20 +135,14 @@ impl Export {
     /// The memory it holds: its read-ahead, and what its memtables hold
     /// beside the store's plan (see `Source::memory`).
     pub(super) fn memory(&self, frozen: &[(u64, Arc<Memtable>)]) -> usize {
-        let mems = |m: &Arc<Memtable>| {
-            MemCursor::sort_bytes(m)
-                + if frozen.iter().any(|(_, f)| Arc::ptr_eq(f, m)) {
-                    0
-                } else {
-                    m.memory_bytes()
-                }
-        };
         self.reserve
             + self
                 .layers
                 .iter()
                 .map(|l| match &l.1 {
-                    Captured::Memtable(m) => mems(m),
+                    Captured::Memtable(m) => {
+                        MemCursor::sort_bytes(m) + source::outside_plan(m, frozen)
+                    }
                     Captured::Segment(_) => 0,
                 })
                 .sum::<usize>()
@@ -317,17 +311,15 @@ impl Export {
     /// Copies the longest run of plain puts of one key group (below the
     /// bound, if `bounded`) out of layer `ci`'s current block in one piece.
     fn run<S: ChunkSlot + ?Sized>(&mut self, ci: usize, bounded: bool, slot: &mut S) -> bool {
-        let plain = match &self.cursors[ci] {
-            Source::Segment(c) => c.block().is_some_and(|b| {
-                let r = b.view().record(c.rec);
-                r.kind == Kind::Put && self.clips[ci].admits(r.key)
-            }),
-            Source::Memtable(_) => false,
-        };
-        // Not copied as stored: through the general path.
+        // Not copied as stored (a memtable's records, a segment's other
+        // than plain puts): through the general path.
         let Source::Segment(c) = &mut self.cursors[ci] else {
             return self.merge(1, slot);
         };
+        let plain = c.block().is_some_and(|b| {
+            let r = b.view().record(c.rec);
+            r.kind == Kind::Put && self.clips[ci].admits(r.key)
+        });
         if !plain {
             return self.merge(1, slot);
         }
@@ -744,13 +736,13 @@ impl<I: Io> Store<I> {
             let per_layer = e.window / segments.max(1);
             let blocks = (per_layer / ALIGN / 2).clamp(8, EXPORT_READ_BLOCKS);
             let reads = (per_layer / (blocks * ALIGN)).clamp(1, EXPORT_READS);
-            for (order, layer, clip) in e.layers.drain(..) {
+            for (_, layer, clip) in e.layers.drain(..) {
                 let (lo, hi) = (clip.keep.lo, clip.keep.hi);
                 e.cursors.push(match layer {
                     Captured::Segment(seg) => {
                         Source::Segment(Cursor::key_groups(seg, lo, hi, blocks, reads))
                     }
-                    Captured::Memtable(m) => Source::Memtable(MemCursor::new(order, m, lo, hi)),
+                    Captured::Memtable(m) => Source::Memtable(MemCursor::new(m, lo, hi)),
                 });
                 e.clips.push(clip);
             }

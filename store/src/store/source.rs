@@ -24,7 +24,6 @@ pub(super) enum Source {
 
 /// A frozen memtable's records in key groups `lo..=hi`, in key order.
 pub(super) struct MemCursor {
-    order: u64,
     /// Let go once every record is read.
     mem: Option<Arc<Memtable>>,
     lo: u16,
@@ -57,10 +56,9 @@ pub(super) struct Rec<'a> {
 impl MemCursor {
     /// A cursor over `mem`'s records in key groups `lo..=hi` (nothing is
     /// sorted until [`Source::sort_until`]).
-    pub fn new(order: u64, mem: Arc<Memtable>, lo: u16, hi: u16) -> MemCursor {
+    pub fn new(mem: Arc<Memtable>, lo: u16, hi: u16) -> MemCursor {
         let sort = Sort::new(&mem, crate::sorted::Buffers::default());
         MemCursor {
-            order,
             mem: Some(mem),
             lo,
             hi,
@@ -235,7 +233,17 @@ impl Source {
             MemPhase::Sorting(s) => s.bytes(),
             MemPhase::Reading { sorted, .. } => sorted.bytes(),
         };
-        let flushed = !frozen.iter().any(|(o, _)| *o == m.order);
-        sort + if flushed { mem.memory_bytes() } else { 0 }
+        sort + outside_plan(mem, frozen)
+    }
+}
+
+/// What memtable `m` holds outside the store's plan: all of it once it is
+/// no longer `frozen` (its flush ended while an export reads it), else
+/// nothing (the plan counts it).
+pub(super) fn outside_plan(m: &Arc<Memtable>, frozen: &[(u64, Arc<Memtable>)]) -> usize {
+    if frozen.iter().any(|(_, f)| Arc::ptr_eq(f, m)) {
+        0
+    } else {
+        m.memory_bytes()
     }
 }
