@@ -1064,8 +1064,8 @@ impl<I: Io> Store<I> {
     /// changes; a refused restore leaves the store as it was. The segments
     /// are referenced, not copied. Synchronous: reads the manifests and
     /// each segment's footer. The layer list naming the restored layers is
-    /// written in the background (see `layers`): durable before any newer
-    /// layer, and before a checkpoint that holds the restored state.
+    /// written in the background (see `layers`), durable before any newer
+    /// layer is flushed.
     pub fn restore(
         &mut self,
         spec: RestoreSpec<'_>,
