@@ -705,10 +705,7 @@ impl<I: Io> Store<I> {
             return;
         }
         let live = self
-            .segments
-            .iter()
-            .chain(&self.retired)
-            .chain(&self.awaiting_dir_sync)
+            .held_segments()
             .any(|s| s.path.file_name().is_some_and(|n| n == name));
         let writing = self
             .flush
@@ -937,13 +934,7 @@ impl<I: Io> Store<I> {
     /// layer that already has it open are shared (only the file is opened
     /// again), so a restore costs the same whatever the segments' size.
     fn reference(&mut self, path: &Path, id: u64) -> Result<Segment, StoreError> {
-        let known = self
-            .segments
-            .iter()
-            .chain(&self.retired)
-            .chain(&self.awaiting_dir_sync)
-            .find(|s| s.path == path)
-            .cloned();
+        let known = self.held_segments().find(|s| s.path == path).cloned();
         let Some(k) = known else {
             let s = Self::open_segment(&mut self.io, path, id, &mut self.completions)?;
             self.note_remote(&s);

@@ -33,7 +33,10 @@ const LAYERS_TMP: &str = "LAYERS.tmp";
 /// reference (FORMAT.md §10).
 pub(super) const LAYERS_FILE: &str = "LAYERS";
 const LAYERS_MAGIC: [u8; 8] = *b"STLAYERS";
-const LAYERS_VERSION: u16 = 1;
+/// Written: 2, padded to 4096 (an older binary refuses it as a version it
+/// does not know rather than as a length mismatch). Read: 1 and 2, the
+/// same layout (version 1 files are never padded).
+const LAYERS_VERSION: u16 = 2;
 
 /// A segment a restore references, as `LAYERS` records it.
 pub(super) struct ImportRec {
@@ -64,7 +67,7 @@ pub(super) fn load_layers(dir: &Path) -> Result<(Vec<KgDelete>, Vec<ImportRec>, 
     if bytes.len() < 20 || bytes[..8] != LAYERS_MAGIC {
         return Err(bad("layer list has a bad magic"));
     }
-    if u16::from_le_bytes([bytes[8], bytes[9]]) != LAYERS_VERSION {
+    if !(1..=LAYERS_VERSION).contains(&u16::from_le_bytes([bytes[8], bytes[9]])) {
         return Err(bad(format::UNSUPPORTED_VERSION));
     }
     let body_len = u32::from_le_bytes(bytes[12..16].try_into().expect("4")) as usize;
@@ -215,6 +218,11 @@ impl Layers {
     /// Whether a write can start now.
     pub(super) fn startable(&self) -> bool {
         self.dirty && self.io.is_none()
+    }
+
+    /// Layers a mask hid, which the durable list may still name.
+    pub(super) fn hidden(&self) -> &[Rc<Segment>] {
+        &self.hidden
     }
 
     /// The list changed; `hidden` left it.

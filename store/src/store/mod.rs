@@ -60,7 +60,7 @@ use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_elem
 use crate::pool::Pool;
 use crate::segment::{self, Segment, SegmentWriter};
 use layers::{ImportRec, LAYERS_FILE, Layers, load_layers, save_layers};
-use source::{MemCursor, Source};
+use source::{HeldMemtable, MemCursor, Source};
 use stream::{At, Cursor};
 
 /// Store configuration.
@@ -1487,6 +1487,17 @@ impl<I: Io> Store<I> {
         self.stopping = true;
         self.drop_compaction();
         self.rebalance_cache();
+    }
+
+    /// Every segment the store holds: its layers, retired ones not yet
+    /// deleted, compaction inputs waiting for the directory's fsync, and
+    /// layers a mask hid that the durable layer list may still name.
+    pub(super) fn held_segments(&self) -> impl Iterator<Item = &Rc<Segment>> {
+        self.segments
+            .iter()
+            .chain(&self.retired)
+            .chain(&self.awaiting_dir_sync)
+            .chain(self.layers.hidden())
     }
 
     /// Whether a key-group delete removed `key` from a layer of `order`.

@@ -140,9 +140,9 @@ impl Export {
                 .layers
                 .iter()
                 .map(|l| match &l.1 {
-                    Captured::Memtable(m) => {
+                    Captured::Memtable(m) => m.get().map_or(0, |m| {
                         MemCursor::sort_bytes(m) + source::outside_plan(m, frozen)
-                    }
+                    }),
                     Captured::Segment(_) => 0,
                 })
                 .sum::<usize>()
@@ -154,7 +154,7 @@ impl Export {
 /// it is, not after its flush).
 enum Captured {
     Segment(Rc<Segment>),
-    Memtable(Arc<Memtable>),
+    Memtable(HeldMemtable),
 }
 
 pub(super) struct Export {
@@ -558,7 +558,7 @@ impl<I: Io> Store<I> {
         }
         for (o, m) in &self.frozen {
             if let Some(clip) = self.capture_clip(*o, None, &keep) {
-                layers.push((*o, Captured::Memtable(m.clone()), clip));
+                layers.push((*o, Captured::Memtable(HeldMemtable::new(m.clone())), clip));
             }
         }
         if layers.len() > MAX_EXPORT_LAYERS {

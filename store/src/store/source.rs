@@ -22,10 +22,39 @@ pub(super) enum Source {
     Memtable(MemCursor),
 }
 
+/// A frozen memtable an export holds, let go off the shard's thread: the
+/// export's may be the last reference (the flush ended meanwhile), and
+/// freeing a memtable's memory takes milliseconds, as a flush's release
+/// does (`crate::reuse::release`).
+pub(super) struct HeldMemtable(Option<Arc<Memtable>>);
+
+impl HeldMemtable {
+    pub fn new(m: Arc<Memtable>) -> HeldMemtable {
+        HeldMemtable(Some(m))
+    }
+
+    /// The memtable, until let go.
+    pub fn get(&self) -> Option<&Arc<Memtable>> {
+        self.0.as_ref()
+    }
+
+    fn release(&mut self) {
+        if let Some(m) = self.0.take() {
+            crate::helper::hand_off("stator-release", move || drop(m));
+        }
+    }
+}
+
+impl Drop for HeldMemtable {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// A frozen memtable's records in key groups `lo..=hi`, in key order.
 pub(super) struct MemCursor {
     /// Let go once every record is read.
-    mem: Option<Arc<Memtable>>,
+    mem: HeldMemtable,
     lo: u16,
     hi: u16,
     phase: MemPhase,
@@ -42,6 +71,8 @@ enum MemPhase {
         at: usize,
         end: usize,
     },
+    /// Every record was read; the memtable and the order are let go.
+    Done,
 }
 
 /// A record taken from a source.
@@ -56,10 +87,11 @@ pub(super) struct Rec<'a> {
 impl MemCursor {
     /// A cursor over `mem`'s records in key groups `lo..=hi` (nothing is
     /// sorted until [`Source::sort_until`]).
-    pub fn new(mem: Arc<Memtable>, lo: u16, hi: u16) -> MemCursor {
-        let sort = Sort::new(&mem, crate::sorted::Buffers::default());
+    pub fn new(mem: HeldMemtable, lo: u16, hi: u16) -> MemCursor {
+        let m = mem.get().expect("a memtable not yet let go");
+        let sort = Sort::new(m, crate::sorted::Buffers::default());
         MemCursor {
-            mem: Some(mem),
+            mem,
             lo,
             hi,
             phase: MemPhase::Sorting(Box::new(sort)),
@@ -74,6 +106,7 @@ impl MemCursor {
 
     fn mem(&self) -> &Memtable {
         self.mem
+            .get()
             .as_ref()
             .expect("read before the memtable was let go")
     }
@@ -94,22 +127,6 @@ impl MemCursor {
         }
         lo
     }
-
-    /// Lets the memtable go: off this thread if this was the last
-    /// reference (its flush ended meanwhile), as a flush lets one go.
-    fn release(&mut self) {
-        if let Some(m) = self.mem.take()
-            && Arc::strong_count(&m) == 1
-        {
-            crate::helper::hand_off("stator-release", move || drop(m));
-        }
-    }
-}
-
-impl Drop for MemCursor {
-    fn drop(&mut self) {
-        self.release();
-    }
 }
 
 impl Source {
@@ -122,7 +139,7 @@ impl Source {
         let MemPhase::Sorting(sort) = &mut m.phase else {
             return true;
         };
-        let mem = m.mem.as_ref().expect("held while sorting");
+        let mem = m.mem.get().expect("held while sorting");
         while !sort.step(mem, SORT_UNITS) {
             if crate::clock::now() >= deadline {
                 return false;
@@ -146,9 +163,11 @@ impl Source {
                 MemPhase::Sorting(_) => At::Waiting,
                 MemPhase::Reading { at, end, .. } if at < end => At::Record,
                 MemPhase::Reading { .. } => {
-                    m.release();
+                    m.phase = MemPhase::Done;
+                    m.mem.release();
                     At::Finished
                 }
+                MemPhase::Done => At::Finished,
             },
         }
     }
@@ -164,7 +183,7 @@ impl Source {
                 MemPhase::Reading { sorted, at, .. } => {
                     m.mem().key_of(sorted.get(*at).expect("a current record"))
                 }
-                MemPhase::Sorting(_) => unreachable!("a head is sorted"),
+                MemPhase::Sorting(_) | MemPhase::Done => unreachable!("a head has a record"),
             },
         }
     }
@@ -193,10 +212,10 @@ impl Source {
                 let addr = sorted.get(*at).expect("in range");
                 *at += 1;
                 if let Some(ahead) = sorted.get(*at + AHEAD) {
-                    m.mem.as_ref()?.prefetch_record(ahead);
+                    m.mem.get()?.prefetch_record(ahead);
                 }
                 m.value.clear();
-                let kind = m.mem.as_ref()?.resolve(addr, &mut m.value);
+                let kind = m.mem.get()?.resolve(addr, &mut m.value);
                 Some(Rec {
                     kind,
                     value: &m.value,
@@ -228,10 +247,11 @@ impl Source {
         let Source::Memtable(m) = self else {
             return 0;
         };
-        let Some(mem) = &m.mem else { return 0 };
+        let Some(mem) = m.mem.get() else { return 0 };
         let sort = match &m.phase {
             MemPhase::Sorting(s) => s.bytes(),
             MemPhase::Reading { sorted, .. } => sorted.bytes(),
+            MemPhase::Done => 0,
         };
         sort + outside_plan(mem, frozen)
     }

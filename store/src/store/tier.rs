@@ -924,13 +924,7 @@ impl<I: Io> Store<I> {
         }
         // The listing, a stat per file and the footers of files no layer
         // has open (only checkpoints name them) are read off the shard.
-        let open: HashSet<PathBuf> = self
-            .segments
-            .iter()
-            .chain(&self.retired)
-            .chain(&self.awaiting_dir_sync)
-            .map(|s| s.path.clone())
-            .collect();
+        let open: HashSet<PathBuf> = self.held_segments().map(|s| s.path.clone()).collect();
         let dirs = [self.cfg.dir.clone(), self.cfg.dir.join(FETCHED_DIR)];
         let tier = self.tier.as_mut().expect("checked");
         tier.scanning = true;
@@ -995,10 +989,7 @@ impl<I: Io> Store<I> {
             .collect();
         // (One map, not a scan of the layers per file.)
         let by_path: HashMap<&Path, &Rc<Segment>> = self
-            .segments
-            .iter()
-            .chain(&self.retired)
-            .chain(&self.awaiting_dir_sync)
+            .held_segments()
             .map(|s| (s.path.as_path(), s))
             .collect();
         let open = |p: &Path| by_path.get(p).copied();
@@ -1127,13 +1118,7 @@ impl<I: Io> Store<I> {
     /// thread.
     fn evict(&mut self, name: &str, path: PathBuf, end: u64, keep: Vec<u64>) {
         let punched = Residency::punched(&keep, end);
-        for s in self
-            .segments
-            .iter()
-            .chain(&self.retired)
-            .chain(&self.awaiting_dir_sync)
-            .filter(|s| s.path == path)
-        {
+        for s in self.held_segments().filter(|s| s.path == path) {
             s.residency.evict(keep.clone());
         }
         let tier = self.tier.as_mut().expect("evicting with a tier");
