@@ -1237,3 +1237,50 @@ fn the_layer_list_is_written_through_the_io_layer_and_retried() {
         );
     }
 }
+
+/// Review of f96c397: a restored layer a mask hid is held until the list
+/// that no longer names it is durable. Its file stays on disk when the
+/// checkpoint it came from is let go meanwhile (before the mend it was
+/// deleted, and the open after a crash failed on the durable list).
+#[test]
+fn a_hidden_restored_layer_outlives_its_checkpoint_until_the_list_is_durable() {
+    let d = tempfile::tempdir().unwrap();
+    let first = build(d.path(), 100);
+    // Renames after the first (the restore's list) fail for good.
+    let plan = FaultPlan {
+        after: 1,
+        fault: Fault::RenameEio,
+        sticky: true,
+    };
+    let (mut s, _) =
+        Store::open(cfg(d.path()), FaultIo::new(SyncIo::new(true), Some(plan))).unwrap();
+    let h = common::checkpoint(&mut s, spec(1)).unwrap();
+    // The checkpoint's segment leaves the live layers (only it pins it).
+    for i in 1000..1100 {
+        run(&mut s, Op::Put(kr(&k(i)), b"later")).unwrap();
+    }
+    s.flush();
+    s.compact_all();
+    settle_fully(&mut s);
+    assert!(first.exists(), "pinned by the checkpoint");
+    s.restore(WHOLE, &[h.as_slice()]).unwrap();
+    settle_fully(&mut s);
+    // A delete hides the restored layer; its list cannot be written.
+    run(&mut s, Op::DeleteKeyGroups { lo: 0, hi: 15 }).unwrap();
+    while s.stats().background_failures == 0 {
+        s.poll(|_, _| {});
+    }
+    assert!(s.discard_checkpoint(&h), "the checkpoint is let go");
+    for _ in 0..20 {
+        s.poll(|_, _| {});
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(first.exists(), "the durable list still names it");
+    drop(s);
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).expect("the open after a crash");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k(7)))).unwrap(),
+        Owned::Value(Some(vec![7; 64])),
+        "the restored state, as the durable list has it"
+    );
+}
