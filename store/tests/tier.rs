@@ -324,8 +324,10 @@ fn upload_restore_rescale(target: &Target) {
     let mut s = open(&c, target, "t/shard-0", None).unwrap();
     s.restore(restore_spec(0, KGS / 2 - 1), &[&h]).unwrap();
     check_all(&mut s, 1, 0, KGS / 2 - 1);
-    // Reopened: the fetched segments are the restore's layers, clipped to
-    // its half, never live layers of their own.
+    // Reopened (once the layer list naming them is durable: it is written
+    // in the background): the fetched segments are the restore's layers,
+    // clipped to its half, never live layers of their own.
+    settle_fully(&mut s);
     drop(s);
     let mut s = open(&c, target, "t/shard-0", None).unwrap();
     check_all(&mut s, 1, 0, KGS / 2 - 1);

@@ -102,8 +102,9 @@ pub enum ImportStep {
     /// The chunk was checked and its records written (not yet visible).
     Consumed,
     /// It was the last chunk: `poll` completes the token once the
-    /// snapshot is durable and installed (`Output::Imported`), or with
-    /// the error that stopped it.
+    /// snapshot's files are durable and installed (`Output::Imported`;
+    /// the layer list naming them is written in the background, see
+    /// `layers`), or with the error that stopped it.
     Finishing,
 }
 
