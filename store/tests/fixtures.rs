@@ -164,4 +164,12 @@ fn version_1_fixture_reads_back_exactly() {
     let d = tempfile::tempdir().unwrap();
     copy_dir(&fixture, d.path());
     check(d.path());
+    // After an open, `LAYERS` has replaced `KGDELETES`, and the state
+    // reads the same from it.
+    let (mut s, _) = Store::open(cfg(d.path()), SyncIo::new(true)).unwrap();
+    settle_fully(&mut s);
+    drop(s);
+    assert!(d.path().join("LAYERS").exists());
+    assert!(!d.path().join("KGDELETES").exists());
+    check(d.path());
 }
