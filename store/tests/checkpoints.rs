@@ -689,6 +689,73 @@ fn released_checkpoints_go_for_their_owner_only() {
     );
 }
 
+/// Polls until restore `token` ends (within 60 s).
+fn restored<I: Io>(s: &mut Store<I>, token: u64) -> Result<stator_store::Restored, StoreError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some((t, r)) = s.take_restored() {
+            assert_eq!(t, token);
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "restore {token} never ended"
+        );
+        s.poll(|_, _| {});
+        s.wait(Some(std::time::Duration::from_millis(5))).unwrap();
+    }
+}
+
+/// A restore of segments no live layer holds reads their metadata in the
+/// background: requests are answered meanwhile (as before it), and it
+/// takes effect when it ends. A release of its checkpoint in that window
+/// refuses it, and nothing changes.
+#[test]
+fn a_restore_opens_its_segments_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    let (k1, k2) = ((0usize, 1u16, 0u8), (0usize, 2u16, 1u8));
+    let get = |s: &mut Store<SyncIo>, k: &K| run(s, Op::Get(kr(k, 0))).unwrap();
+    let val = |v: &[u8]| Owned::Value(Some(v.to_vec()));
+    run(&mut s, Op::Put(kr(&k1, 0), b"old")).unwrap();
+    let h1 = checkpoint(&mut s, whole(1)).unwrap();
+    run(&mut s, Op::Put(kr(&k2, 0), b"two")).unwrap();
+    let h2 = checkpoint(&mut s, whole(2)).unwrap();
+    run(&mut s, Op::Put(kr(&k1, 0), b"new")).unwrap();
+    // The checkpoints' segments are merged away: no live layer holds them.
+    s.flush();
+    s.compact_all();
+    settle_fully(&mut s);
+    assert_eq!(s.stats().segments, 1);
+
+    // Released while its segments are read: refused, nothing changes.
+    s.restore_start(1, WHOLE, &[&h2]).unwrap();
+    assert!(s.take_restored().is_none(), "ended before its reads");
+    assert_eq!(s.release_checkpoints(OWNERS[0], &[&h2]).unwrap().count, 1);
+    match restored(&mut s, 1) {
+        Err(StoreError::Restore(m)) => assert!(m.contains("released"), "{m}"),
+        other => panic!("a released checkpoint restored: {other:?}"),
+    }
+    assert_eq!(s.stats().segments, 1);
+    assert_eq!(get(&mut s, &k1), val(b"new"));
+    assert_eq!(get(&mut s, &k2), val(b"two"));
+
+    // Requests are answered while a restore's reads run, as before it.
+    s.restore_start(2, WHOLE, &[&h1]).unwrap();
+    assert!(s.take_restored().is_none(), "ended before its reads");
+    assert_eq!(get(&mut s, &k2), val(b"two"));
+    let r = restored(&mut s, 2).unwrap();
+    assert_eq!((r.layers, r.manifests.len()), (1, 1));
+    assert_eq!(get(&mut s, &k1), val(b"old"));
+    assert_eq!(get(&mut s, &k2), Owned::Value(None));
+    // And it is what a reopen finds.
+    settle_fully(&mut s);
+    drop(s);
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    assert_eq!(get(&mut s, &k1), val(b"old"));
+    assert_eq!(get(&mut s, &k2), Owned::Value(None));
+}
+
 /// The bound on checkpoints neither completed nor aborted is per key-group
 /// range (one engine subtask): more subtasks of one operator than the bound
 /// all checkpoint at one barrier, and only a range that piles up more is
@@ -722,7 +789,8 @@ fn uncompleted_checkpoints_are_bounded_per_key_group_range() {
 
 /// Manifests torn or corrupted on disk: at open they are set aside and
 /// reported, their handles are refused with a clear error, and the state
-/// is intact. One corrupted while the store runs is refused too.
+/// is intact. One corrupted while the store runs still restores (the store
+/// keeps each manifest as it wrote it) and is set aside at the next open.
 #[test]
 fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
     use stator_store::manifest::{Handle, file_name};
@@ -772,16 +840,25 @@ fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
         );
     };
     want(&mut s);
-    // Corrupted while the store runs: refused at restore, nothing changes.
+    // Corrupted while the store runs: the restore reads the manifest the
+    // store wrote, not the damaged file.
     let mut b = std::fs::read(path(&h3)).unwrap();
     b[70] ^= 0x01;
     std::fs::write(path(&h3), &b).unwrap();
-    let r = s.restore(WHOLE, &[&h3]);
-    assert!(
-        matches!(&r, Err(StoreError::Corrupt { what, .. }) if what.contains("checksum")),
-        "{r:?}"
-    );
+    run(&mut s, Op::Put(kr(&k1, 0), b"later")).unwrap();
+    let r = s.restore(WHOLE, &[&h3]).unwrap();
+    assert_eq!(r.manifests.len(), 1);
     want(&mut s);
+    drop(s);
+    let mut cfg = StoreConfig::new(dir.path(), 2 << 30);
+    cfg.memtable_bytes = Some(1 << 30);
+    let (mut s, rep) = Store::open(cfg, SyncIo::new(true)).unwrap();
+    assert_eq!(rep.manifests, 0, "{rep:?}");
+    assert_eq!(rep.torn.len(), 1, "{rep:?}");
+    match s.restore(WHOLE, &[&h3]) {
+        Err(StoreError::Restore(m)) => assert!(m.contains("no checkpoint manifest"), "{m}"),
+        other => panic!("a damaged checkpoint restored: {other:?}"),
+    }
 }
 
 /// Past `checkpoint_layer_limit` layers a checkpoint should wait, until

@@ -394,6 +394,10 @@ pub struct Shard<I: Io = UringIo> {
     report_now: bool,
     /// Releases answered once their manifests' unlinks complete.
     releases: Vec<PendingRelease>,
+    /// Restores whose segments are being opened (see
+    /// `Store::restore_start`), by token, and the next token.
+    restoring: Vec<(u64, Sender<Result<Restored, StoreError>>)>,
+    restore_serial: u64,
 }
 
 /// A `Release` whose checkpoints are deleted but whose manifests' unlinks
@@ -470,6 +474,8 @@ impl<I: Io> Shard<I> {
             live: Arc::default(),
             report_now: false,
             releases: Vec::new(),
+            restoring: Vec::new(),
+            restore_serial: 0,
         }
     }
 
@@ -563,6 +569,7 @@ impl<I: Io> Shard<I> {
         };
         self.store.note_foreground(busy);
         progress |= self.reap();
+        progress |= self.answer_restores();
         progress |= self.drive_snapshots();
         self.answer_releases(false);
         self.publish();
@@ -627,6 +634,8 @@ impl<I: Io> Shard<I> {
                     handles,
                     reply,
                 } => {
+                    let token = self.restore_serial;
+                    self.restore_serial += 1;
                     let r = match self.by_id.get(&session) {
                         None => Err(StoreError::Invalid("no such session")),
                         Some(&slot) => {
@@ -638,10 +647,17 @@ impl<I: Io> Shard<I> {
                                 hi: s.key_groups.1,
                                 states: &states,
                             };
-                            self.store.restore(spec, &hs)
+                            // Answered when its segments are open (see
+                            // `answer_restores`).
+                            self.store.restore_start(token, spec, &hs)
                         }
                     };
-                    let _ = reply.send(r);
+                    match r {
+                        Ok(()) => self.restoring.push((token, reply)),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
                 }
                 ShardMsg::Release {
                     owner,
@@ -745,6 +761,19 @@ impl<I: Io> Shard<I> {
                 let _ = reply.send(Err(e));
             }
         }
+    }
+
+    /// Answers the restores that ended; whether there were any.
+    fn answer_restores(&mut self) -> bool {
+        let mut any = false;
+        while let Some((token, r)) = self.store.take_restored() {
+            any = true;
+            if let Some(i) = self.restoring.iter().position(|(t, _)| *t == token) {
+                let (_, reply) = self.restoring.swap_remove(i);
+                let _ = reply.send(r);
+            }
+        }
+        any
     }
 
     /// Answers the releases whose unlinks completed (`all`: every one, at

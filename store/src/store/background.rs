@@ -173,6 +173,7 @@ impl<I: Io> Store<I> {
                 Tag::CacheWrite => self.writeback_done(v as usize, c.result),
                 Tag::ImportWrite | Tag::ImportSync => self.import_io_done(t, v, c),
                 Tag::Layers => self.layers_io_done(v, c.result),
+                Tag::Opening => self.opening_read_done(v, c),
                 Tag::Unlink => {
                     self.unlinking.retain(|(serial, _)| *serial != v);
                     if c.result.is_err_and(|e| e != libc::ENOENT) {

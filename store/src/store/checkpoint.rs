@@ -110,14 +110,18 @@ pub struct CheckpointInfo {
 
 /// A retained manifest.
 struct Retained {
-    owner: Vec<u8>,
-    checkpoint_id: u64,
-    lo: u16,
-    hi: u16,
+    /// As written: restores and exports read it here, not from the disk.
+    m: Rc<Manifest>,
     crc: u32,
-    files: Vec<String>,
     /// Completed (the engine said so; remembered in a marker file).
     completed: bool,
+}
+
+impl Retained {
+    /// The segment files it names.
+    fn files(&self) -> impl Iterator<Item = &String> {
+        self.m.layers.iter().map(|l| &l.name)
+    }
 }
 
 /// Which of a checkpoint manifest's I/O operations completed.
@@ -194,12 +198,8 @@ impl Checkpoints {
                     c.add(
                         seq,
                         Retained {
-                            owner: m.owner,
-                            checkpoint_id: m.checkpoint_id,
-                            lo: m.lo,
-                            hi: m.hi,
+                            m: Rc::new(m),
                             crc,
-                            files: m.layers.into_iter().map(|l| l.name).collect(),
                             completed: dir.join(manifest::completed_name(seq)).exists(),
                         },
                     );
@@ -248,7 +248,7 @@ impl Checkpoints {
     }
 
     fn add(&mut self, seq: u64, r: Retained) {
-        for f in &r.files {
+        for f in r.files() {
             *self.pins.entry(f.clone()).or_default() += 1;
         }
         self.retained.insert(seq, r);
@@ -266,7 +266,7 @@ impl Checkpoints {
 
     /// Every file a retained manifest names.
     pub(super) fn all_files(&self) -> impl Iterator<Item = String> + '_ {
-        self.retained.values().flat_map(|r| r.files.iter().cloned())
+        self.retained.values().flat_map(|r| r.files().cloned())
     }
 
     /// Retained manifests and checkpoints in progress.
@@ -280,16 +280,16 @@ impl Checkpoints {
             .iter()
             .map(|(&seq, r)| CheckpointInfo {
                 seq,
-                owner: r.owner.clone(),
-                checkpoint_id: r.checkpoint_id,
-                lo: r.lo,
-                hi: r.hi,
+                owner: r.m.owner.clone(),
+                checkpoint_id: r.m.checkpoint_id,
+                lo: r.m.lo,
+                hi: r.m.hi,
                 handle: Handle {
                     seq,
                     manifest_crc: r.crc,
                 }
                 .encode(),
-                segments: r.files.len(),
+                segments: r.m.layers.len(),
                 completed: r.completed,
             })
             .collect()
@@ -317,7 +317,9 @@ impl<I: Io> Store<I> {
             .ckpt
             .retained
             .values()
-            .filter(|r| r.owner == spec.owner && (r.lo, r.hi) == (spec.lo, spec.hi) && !r.completed)
+            .filter(|r| {
+                r.m.owner == spec.owner && (r.m.lo, r.m.hi) == (spec.lo, spec.hi) && !r.completed
+            })
             .count()
             + self
                 .ckpt
@@ -644,12 +646,8 @@ impl<I: Io> Store<I> {
         self.ckpt.retained.insert(
             m.seq,
             Retained {
-                owner: m.owner,
-                checkpoint_id: m.checkpoint_id,
-                lo: m.lo,
-                hi: m.hi,
+                m: Rc::new(m),
                 crc: p.crc,
-                files: m.layers.into_iter().map(|l| l.name).collect(),
                 completed: false,
             },
         );
@@ -740,7 +738,7 @@ impl<I: Io> Store<I> {
     /// says `Subsume` (or `Abort`, for one that never completed). Returns
     /// how many manifests were deleted.
     pub fn checkpoint_notify(&mut self, owner: &[u8], checkpoint_id: u64, kind: Notify) -> usize {
-        let mine = |r: &Retained| r.owner == owner;
+        let mine = |r: &Retained| r.m.owner == owner;
         let doomed: Vec<u64> = match kind {
             // One the store never took (or already deleted) says nothing
             // about the others: a stray id must not delete pending ones.
@@ -749,13 +747,13 @@ impl<I: Io> Store<I> {
                     .ckpt
                     .retained
                     .values()
-                    .any(|r| mine(r) && r.checkpoint_id == checkpoint_id) =>
+                    .any(|r| mine(r) && r.m.checkpoint_id == checkpoint_id) =>
             {
                 Vec::new()
             }
             Notify::Complete => {
                 for (seq, r) in self.ckpt.retained.iter_mut() {
-                    if mine(r) && r.checkpoint_id == checkpoint_id && !r.completed {
+                    if mine(r) && r.m.checkpoint_id == checkpoint_id && !r.completed {
                         // Remembered across restarts, and on the remote
                         // tier for another host, by a marker file made
                         // durable in the background.
@@ -768,7 +766,7 @@ impl<I: Io> Store<I> {
                     .retained
                     .values()
                     .filter(|r| mine(r) && r.completed)
-                    .map(|r| r.checkpoint_id)
+                    .map(|r| r.m.checkpoint_id)
                     .collect();
                 ids.sort_unstable_by(|a, b| b.cmp(a));
                 ids.dedup();
@@ -779,8 +777,8 @@ impl<I: Io> Store<I> {
                     .iter()
                     .filter(|(_, r)| {
                         mine(r)
-                            && ((!r.completed && r.checkpoint_id < checkpoint_id)
-                                || r.checkpoint_id < oldest_kept)
+                            && ((!r.completed && r.m.checkpoint_id < checkpoint_id)
+                                || r.m.checkpoint_id < oldest_kept)
                     })
                     .map(|(s, _)| *s)
                     .collect()
@@ -789,14 +787,14 @@ impl<I: Io> Store<I> {
                 .ckpt
                 .retained
                 .iter()
-                .filter(|(_, r)| mine(r) && r.checkpoint_id == checkpoint_id && !r.completed)
+                .filter(|(_, r)| mine(r) && r.m.checkpoint_id == checkpoint_id && !r.completed)
                 .map(|(s, _)| *s)
                 .collect(),
             Notify::Subsume => self
                 .ckpt
                 .retained
                 .iter()
-                .filter(|(_, r)| mine(r) && r.checkpoint_id == checkpoint_id)
+                .filter(|(_, r)| mine(r) && r.m.checkpoint_id == checkpoint_id)
                 .map(|(s, _)| *s)
                 .collect(),
         };
@@ -842,7 +840,7 @@ impl<I: Io> Store<I> {
             .collect::<Result<Vec<_>, _>>()?;
         let mut released = Released::default();
         for h in hs {
-            if self.named(&h).is_some_and(|r| r.owner == owner) {
+            if self.named(&h).is_some_and(|r| r.m.owner == owner) {
                 released.unlinking.extend(self.delete_manifest(h.seq));
                 released.count += 1;
             }
@@ -885,14 +883,14 @@ impl<I: Io> Store<I> {
             t.delete(&manifest::file_name(seq));
             t.delete(&manifest::completed_name(seq));
         }
-        for f in &r.files {
+        for f in r.files() {
             self.unpin(f);
         }
         files
     }
 
-    /// Reads and checks the manifest a handle names.
-    fn manifest_for(&self, handle: &[u8], owner: &[u8]) -> Result<Manifest, StoreError> {
+    /// The manifest a handle names, checked: retained, intact, `owner`'s.
+    fn manifest_for(&self, handle: &[u8], owner: &[u8]) -> Result<Rc<Manifest>, StoreError> {
         let refuse = |m: String| StoreError::Restore(m);
         let h = Handle::decode(handle).map_err(|m| refuse(m.0.to_string()))?;
         let r = self.ckpt.retained.get(&h.seq).ok_or_else(|| {
@@ -908,43 +906,22 @@ impl<I: Io> Store<I> {
                 h.seq
             )));
         }
-        if r.owner != owner {
+        if r.m.owner != owner {
             return Err(refuse(format!(
                 "checkpoint {} belongs to another job or operator",
-                r.checkpoint_id
+                r.m.checkpoint_id
             )));
         }
-        let path = self.cfg.dir.join(manifest::file_name(h.seq));
-        let bytes = std::fs::read(&path).map_err(|e| StoreError::io(&path, "read", &e))?;
-        let (m, crc) = Manifest::decode(&bytes).map_err(|m| StoreError::Corrupt {
-            path: path.display().to_string(),
-            offset: 0,
-            what: m.0,
-        })?;
-        if crc != h.manifest_crc || m.owner != owner {
-            return Err(refuse(format!(
-                "manifest {} changed on disk since it was written",
-                h.seq
-            )));
-        }
-        Ok(m)
+        Ok(Rc::clone(&r.m))
     }
 
-    /// Opens segment file `path` as a new layer: the index and filter of a
-    /// layer that already has it open are shared (only the file is opened
-    /// again), so a restore costs the same whatever the segments' size.
-    fn reference(&mut self, path: &Path, id: u64) -> Result<Segment, StoreError> {
-        let known = self.held_segments().find(|s| s.path == path).cloned();
-        let Some(k) = known else {
-            let s = Self::open_segment(&mut self.io, path, id, &mut self.completions)?;
-            self.note_remote(&s);
-            return Ok(s);
-        };
-        let file = self
-            .io
-            .open(path, OpenMode::Read)
-            .map_err(|e| StoreError::io(path, "open", &e))?;
-        Ok(k.another_layer(id, file))
+    /// Whether `m` is still retained (a release between a restore's start
+    /// and its end may have deleted its files).
+    pub(super) fn still_retained(&self, m: &Rc<Manifest>) -> bool {
+        self.ckpt
+            .retained
+            .get(&m.seq)
+            .is_some_and(|r| Rc::ptr_eq(&r.m, m))
     }
 
     /// The manifests of `handles` (checked: `owner`'s, retained, intact),
@@ -955,8 +932,8 @@ impl<I: Io> Store<I> {
         handles: &[&[u8]],
         lo: u16,
         hi: u16,
-    ) -> Result<Vec<Manifest>, StoreError> {
-        let mut manifests: Vec<Manifest> = Vec::new();
+    ) -> Result<Vec<Rc<Manifest>>, StoreError> {
+        let mut manifests: Vec<Rc<Manifest>> = Vec::new();
         for h in handles {
             let m = self.manifest_for(h, owner)?;
             if manifests.iter().any(|o| o.seq == m.seq) {
@@ -980,112 +957,5 @@ impl<I: Io> Store<I> {
             manifests.push(m);
         }
         Ok(manifests)
-    }
-
-    /// Opens every segment `manifests` name that holds key groups of
-    /// `lo..=hi`, each with its manifest clip narrowed to that range, newest
-    /// first within each manifest. All or nothing: on an error the files
-    /// opened so far are closed.
-    pub(super) fn open_checkpoint_layers(
-        &mut self,
-        manifests: &[Manifest],
-        lo: u16,
-        hi: u16,
-    ) -> Result<Vec<Segment>, StoreError> {
-        // Segments only the remote tier holds (an empty local disk) get
-        // their metadata first, all at once.
-        let wanted: Vec<(String, u64)> = manifests
-            .iter()
-            .flat_map(|m| &m.layers)
-            .filter(|l| l.clip.narrowed(lo, hi).is_some())
-            .map(|l| (l.name.clone(), l.file_len))
-            .collect();
-        self.materialize(&wanted)?;
-        // Open every referenced segment first.
-        let mut opened: Vec<Vec<Segment>> = Vec::new();
-        let close_all = |io: &mut I, opened: Vec<Vec<Segment>>| {
-            for s in opened.into_iter().flatten() {
-                io.close(s.file);
-            }
-        };
-        for m in manifests {
-            let mut segs = Vec::new();
-            for l in &m.layers {
-                let Some(clip) = l.clip.narrowed(lo, hi) else {
-                    continue;
-                };
-                let path = tier::layer_path(&self.cfg.dir, &l.name);
-                let id = self.next_segment_id;
-                self.next_segment_id += 1;
-                let r = self.reference(&path, id).and_then(|s| {
-                    if s.file_len == l.file_len {
-                        Ok(s)
-                    } else {
-                        self.io.close(s.file);
-                        Err(StoreError::Corrupt {
-                            path: path.display().to_string(),
-                            offset: s.file_len,
-                            what: "segment length differs from its checkpoint manifest",
-                        })
-                    }
-                });
-                match r {
-                    Ok(mut s) => {
-                        s.clip = Some(clip);
-                        segs.push(s);
-                    }
-                    Err(e) => {
-                        for s in segs {
-                            self.io.close(s.file);
-                        }
-                        close_all(&mut self.io, opened);
-                        return Err(e);
-                    }
-                }
-            }
-            opened.push(segs);
-        }
-        Ok(opened.into_iter().flatten().collect())
-    }
-
-    /// Replaces `spec.owner`'s state in key groups `spec.lo..=spec.hi` by
-    /// what the checkpoints `handles` hold of those key groups (any
-    /// parallelism: rescale is a restore from several handles, or of a part
-    /// of one). Every handle and segment is checked before anything
-    /// changes; a refused restore leaves the store as it was. The segments
-    /// are referenced, not copied. Synchronous: reads the manifests and
-    /// each segment's footer. The layer list naming the restored layers is
-    /// written in the background (see `layers`), durable before any newer
-    /// layer is flushed.
-    pub fn restore(
-        &mut self,
-        spec: RestoreSpec<'_>,
-        handles: &[&[u8]],
-    ) -> Result<Restored, StoreError> {
-        if spec.lo > spec.hi {
-            return Err(StoreError::Invalid("key-group range with lo > hi"));
-        }
-        let manifests = self.checkpoint_manifests(spec.owner, handles, spec.lo, spec.hi)?;
-        let added = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
-        // Mask the owner's states in the range in every existing layer,
-        // then place the checkpoint's layers above, keeping their order.
-        let mut states: Vec<u32> = spec.states.to_vec();
-        for m in &manifests {
-            states.extend_from_slice(&m.states);
-        }
-        let layers = self.install_layers(added, spec.lo, spec.hi, states);
-        Ok(Restored {
-            layers,
-            manifests: manifests
-                .into_iter()
-                .map(|m| RestoredManifest {
-                    checkpoint_id: m.checkpoint_id,
-                    lo: m.lo,
-                    hi: m.hi,
-                    states: m.states,
-                    meta: m.meta,
-                })
-                .collect(),
-        })
     }
 }

@@ -24,6 +24,7 @@ mod flush;
 mod iter;
 mod layers;
 mod markers;
+mod opening;
 mod portable;
 mod read;
 mod source;
@@ -370,6 +371,8 @@ enum Tag {
     Unlink = 17,
     /// A step of the layer list's write (see `layers`).
     Layers = 18,
+    /// A checkpoint segment's footer or metadata read (see `opening`).
+    Opening = 19,
     /// The remote tier's own requests (`tier.rs`): never completions of
     /// the local I/O layer.
     TierUpload = 20,
@@ -409,6 +412,7 @@ impl Tag {
             16 => Tag::MarkerDirSync,
             17 => Tag::Unlink,
             18 => Tag::Layers,
+            19 => Tag::Opening,
             20 => Tag::TierUpload,
             21 => Tag::TierDelete,
             22 => Tag::TierPunch,
@@ -627,6 +631,11 @@ pub struct Store<I: Io> {
     exports: Slab<portable::Export>,
     /// The layer list's write to the disk (see `layers`).
     layers: Layers,
+    /// Checkpoint layers being opened for restores and exports, the last
+    /// one's serial, and the restores that ended (see `opening`).
+    openings: Vec<opening::Opening>,
+    opening_serial: u64,
+    restored: VecDeque<(u64, Result<Restored, StoreError>)>,
     /// Serial of the next flush or compaction job.
     job_serial: u64,
     imports: Slab<portable::Import>,
@@ -1141,6 +1150,9 @@ impl<I: Io> Store<I> {
             ckpt,
             exports: Slab::new(),
             layers: Layers::default(),
+            openings: Vec::new(),
+            opening_serial: 0,
+            restored: VecDeque::new(),
             job_serial: 0,
             imports: Slab::new(),
             next_import_file,
@@ -1412,7 +1424,8 @@ impl<I: Io> Store<I> {
         self.ckpt.list()
     }
 
-    /// Operations submitted and not yet delivered.
+    /// Operations submitted and not yet delivered, and restores and
+    /// exports whose checkpoint segments are being opened.
     pub fn pending(&self) -> usize {
         self.reads.len()
             + self.iters.len()
@@ -1420,6 +1433,7 @@ impl<I: Io> Store<I> {
             + self.ckpt.counts().1
             + self.ckpt.markers.waiting()
             + self.imports.iter().filter(|(_, i)| i.finishing()).count()
+            + self.openings.len()
     }
 
     /// Whether a checkpoint should wait before it begins: the store holds

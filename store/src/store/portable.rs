@@ -21,6 +21,7 @@
 
 use std::cmp::Reverse;
 
+use super::opening::Purpose;
 use super::*;
 use crate::format::RECORD_HEADER;
 use crate::manifest::{Clip, Region, intersect, state_set};
@@ -190,6 +191,9 @@ pub(super) struct Export {
     /// Files opened for this export alone (a checkpoint export's
     /// segments): closed when it ends.
     files: Vec<crate::io::FileId>,
+    /// The serial of the opening of its checkpoints' layers, while it runs
+    /// (see `opening`).
+    opening: Option<u64>,
 }
 
 pub(super) struct Import {
@@ -501,6 +505,7 @@ impl Export {
             cancelled: false,
             error: None,
             files,
+            opening: None,
             reserve: 0,
             window: 0,
         }
@@ -667,11 +672,51 @@ impl<I: Io> Store<I> {
         }
         let (reserve, window) = self.export_reserve(named);
         self.admit(reserve, "an export")?;
-        let opened = self.open_checkpoint_layers(&manifests, spec.lo, spec.hi)?;
-        let files: Vec<_> = opened.iter().map(|s| s.file).collect();
-        let states = state_set(spec.states.iter().map(|s| s.id).collect());
+        // It waits for its layers (see `export_fill`).
+        let serial = self.next_opening();
+        let mut e = Export::new(&spec, Vec::new(), Vec::new());
+        (e.reserve, e.window, e.opening) = (reserve, window, Some(serial));
+        let id = self.exports.insert(e);
+        let states = spec.states.iter().map(|s| s.id).collect();
+        let purpose = Purpose::Export { id, states };
+        if let Err(err) = self.open_layers(serial, purpose, manifests, spec.lo, spec.hi) {
+            self.exports.remove(id);
+            return Err(err);
+        }
+        self.rebalance_cache();
+        Ok(id)
+    }
+
+    /// The layers of export `id`'s checkpoints are open (opening `serial`):
+    /// they become its own, or its error does. An export that ended
+    /// meanwhile closes them.
+    pub(super) fn export_opened(
+        &mut self,
+        id: usize,
+        serial: u64,
+        states: &[u32],
+        opened: Result<Vec<Segment>, StoreError>,
+    ) {
+        let ours = |e: &Export| e.opening == Some(serial) && !e.cancelled;
+        let Some(e) = self.exports.get_mut(id).filter(|e| ours(e)) else {
+            if let Ok(segs) = opened {
+                for s in segs {
+                    self.io.close(s.file);
+                }
+            }
+            return;
+        };
+        e.opening = None;
+        let opened = match opened {
+            Ok(o) => o,
+            Err(err) => {
+                e.error = Some(err);
+                return;
+            }
+        };
+        e.files = opened.iter().map(|s| s.file).collect();
+        let states = state_set(states.to_vec());
         let n = opened.len() as u64;
-        let mut layers = Vec::with_capacity(opened.len());
         for (i, mut seg) in opened.into_iter().enumerate() {
             let Some(c) = seg.clip.take() else { continue };
             let kept = match &c.keep.states {
@@ -691,13 +736,10 @@ impl<I: Io> Store<I> {
             };
             // Newest first within a manifest; manifests hold disjoint key
             // groups, so their relative order does not matter.
-            layers.push((n - i as u64, Captured::Segment(Rc::new(seg)), clip));
+            e.layers
+                .push((n - i as u64, Captured::Segment(Rc::new(seg)), clip));
         }
-        let mut e = Export::new(&spec, layers, files);
-        (e.reserve, e.window) = (reserve, window);
-        let id = self.exports.insert(e);
         self.rebalance_cache();
-        Ok(id)
     }
 
     /// Forgets export `id` and closes the files opened for it alone.
@@ -726,6 +768,9 @@ impl<I: Io> Store<I> {
         if let Some(err) = e.error.take() {
             self.export_cancel(id);
             return Err(err);
+        }
+        if e.opening.is_some() {
+            return Ok(Fill::Wait);
         }
         if !e.started {
             e.layers.sort_by_key(|l| Reverse(l.0));

@@ -530,6 +530,7 @@ impl Tier {
                 | Tag::MarkerDirSync
                 | Tag::Unlink
                 | Tag::Layers
+                | Tag::Opening
                 | Tag::CacheWrite,
             )
             | None => {}
