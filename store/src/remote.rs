@@ -120,6 +120,8 @@ pub enum RemoteDone {
     Listed(Vec<(String, u64)>),
     /// The local files a scan found ([`Remote::local_task`]).
     LocalFiles(Vec<LocalFile>),
+    /// A local task's work ended (what it made, it hands over itself).
+    Ran,
 }
 
 /// A local file as a scan of the store's directories found it (the
@@ -237,6 +239,56 @@ pub struct Remote {
     /// Swapped with the queue's vector at each poll (and emptied), so that
     /// neither side allocates or regrows one per batch.
     spare: Vec<Outcome>,
+}
+
+/// GETs that block their thread, with a client's slots, timeout, retries
+/// and counters: for work on the runtime's blocking pool (see
+/// [`Remote::local_task`]), never for a shard.
+#[derive(Clone)]
+pub struct Fetcher {
+    store: Arc<dyn ObjectStore>,
+    rt: tokio::runtime::Handle,
+    cfg: Arc<RemoteConfig>,
+    slots: Arc<tokio::sync::Semaphore>,
+    stats: Arc<RemoteStats>,
+}
+
+impl Fetcher {
+    /// The bytes of object `name` in `range`.
+    pub fn get(&self, name: &str, range: Range<u64>) -> Result<Bytes, RemoteError> {
+        self.rt.block_on(self.fetch(name, range))
+    }
+
+    /// [`Fetcher::get`] of every `(name, range)`, all in flight at once;
+    /// one result each, in order.
+    pub fn get_all(&self, wanted: &[(String, Range<u64>)]) -> Vec<Result<Bytes, RemoteError>> {
+        let gets = wanted.iter().map(|(n, r)| self.fetch(n, r.clone()));
+        self.rt.block_on(futures_util::future::join_all(gets))
+    }
+
+    async fn fetch(&self, name: &str, range: Range<u64>) -> Result<Bytes, RemoteError> {
+        let path = object_path(&self.cfg, name);
+        let (store, cfg, stats, slots) = (&*self.store, &self.cfg, &self.stats, &self.slots);
+        stats.ranges.fetch_add(1, Ordering::Relaxed);
+        stats.gets.fetch_add(1, Ordering::Relaxed);
+        let fetched = retry_get(store, cfg, stats, slots, &path, range, 0, String::new()).await;
+        match &fetched {
+            Ok(b) => stats
+                .bytes_fetched
+                .fetch_add(b.len() as u64, Ordering::Relaxed),
+            Err(_) => stats.errors.fetch_add(1, Ordering::Relaxed),
+        };
+        fetched
+    }
+}
+
+/// Object `name`'s path under the tier's prefix.
+fn object_path(cfg: &RemoteConfig, name: &str) -> ObjPath {
+    if cfg.prefix.is_empty() {
+        ObjPath::from(name)
+    } else {
+        ObjPath::from(format!("{}/{name}", cfg.prefix.trim_end_matches('/')))
+    }
 }
 
 /// The object store `cfg` names.
@@ -470,10 +522,17 @@ impl Remote {
     }
 
     fn path(&self, name: &str) -> ObjPath {
-        if self.cfg.prefix.is_empty() {
-            ObjPath::from(name)
-        } else {
-            ObjPath::from(format!("{}/{name}", self.cfg.prefix.trim_end_matches('/')))
+        object_path(&self.cfg, name)
+    }
+
+    /// Blocking GETs for a [`Remote::local_task`]'s work.
+    pub fn fetcher(&self) -> Fetcher {
+        Fetcher {
+            store: self.store.clone(),
+            rt: self.rt.clone(),
+            cfg: self.cfg.clone(),
+            slots: self.slots.clone(),
+            stats: self.stats.clone(),
         }
     }
 

@@ -1026,3 +1026,71 @@ fn an_upload_cut_partway_fails_its_checkpoint_and_the_next_succeeds() {
         check_one(i, key(i).0, r.unwrap(), 8, 0, KGS - 1);
     }
 }
+
+/// Issue 25: a restore on an empty disk fetched its segments' metadata
+/// with blocking GETs on the caller's thread (a shard's, for up to 2 s).
+/// Now the fetch runs on the remote runtime: requests are answered while
+/// the server hangs, and the restore ends once it answers. A segment the
+/// remote lacks refuses a restore, a stopped server fails one as a remote
+/// error; neither changes anything.
+#[test]
+fn a_restore_on_an_empty_disk_fetches_metadata_off_the_callers_thread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("s3");
+    let mut server = Server::start(&root, 0);
+    let h = checkpointed(&tmp.path().join("src"), &s3(server.port), "g", 3);
+    let proxy = Proxy::start(server.port, Fault::None);
+    let mut s = open(&tmp.path().join("d"), &s3(proxy.port), "g", None).unwrap();
+    run(&mut s, Op::Put(kr(1, b"local"), b"here")).unwrap();
+    proxy.set(Fault::Stall);
+    s.restore_start(1, restore_spec(0, KGS - 1), &[&h]).unwrap();
+    for _ in 0..10 {
+        // (Time for the fetch's GETs to reach the hung server.)
+        std::thread::sleep(Duration::from_millis(50));
+        s.poll(|_, _| {});
+        assert!(s.take_restored().is_none(), "restored from a hung server");
+        assert_eq!(
+            run(&mut s, Op::Get(kr(1, b"local"))).unwrap(),
+            Owned::Value(Some(b"here".to_vec())),
+            "answered while the fetch waits"
+        );
+    }
+    // The client's timeout ends the hung attempt; the retry is answered.
+    proxy.set(Fault::None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        if let Some((t, r)) = s.take_restored() {
+            assert_eq!(t, 1);
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the restore never ended");
+        s.poll(|_, _| {});
+        s.wait(Some(Duration::from_millis(5))).unwrap();
+    };
+    assert!(r.unwrap().layers > 0);
+    check_all(&mut s, 3, 0, KGS - 1);
+    drop(s);
+
+    // A segment the remote lacks: refused, nothing changes.
+    let mut s = open(&tmp.path().join("e"), &s3(server.port), "g", None).unwrap();
+    let seg = segment_names(&objects(&s3(server.port), "g"))
+        .pop_first()
+        .unwrap();
+    let object = root.join(common::s3::BUCKET).join("g").join(&seg);
+    let bytes = std::fs::read(&object).unwrap();
+    std::fs::remove_file(&object).unwrap();
+    let e = s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap_err();
+    assert!(matches!(e, StoreError::Restore(_)), "{e}");
+    assert!(e.to_string().contains("cannot supply"), "{e}");
+    assert_eq!(s.stats().segments, 0);
+    std::fs::write(&object, bytes).unwrap();
+    // A stopped server: a remote error, nothing changes.
+    server.stop();
+    let e = s.restore(restore_spec(0, KGS - 1), &[&h]).unwrap_err();
+    assert!(matches!(e, StoreError::Remote(_)), "{e}");
+    assert!(
+        e.to_string().contains("fetching its metadata failed"),
+        "{e}"
+    );
+    assert_eq!(s.stats().segments, 0);
+}

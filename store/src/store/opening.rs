@@ -1,8 +1,10 @@
 //! Opening a checkpoint's layers, for a restore or for an export of
 //! retained checkpoints, without blocking the shard.
 //!
-//! The manifests are in memory (a retained checkpoint keeps its own). A
-//! segment a live layer already has open shares that layer's index and
+//! The manifests are in memory (a retained checkpoint keeps its own).
+//! Segments only the remote tier holds (an empty local disk) first get
+//! their footer and metadata fetched into sparse local files, on the
+//! remote runtime's blocking pool. A segment a live layer already has open shares that layer's index and
 //! filter: only its file is opened again. Any other segment is opened and
 //! its footer page read, then its metadata (index and filter) from the
 //! offset the footer gives. Every segment's reads are in flight at once,
@@ -24,6 +26,9 @@ use crate::manifest::Manifest;
 /// Serial bits an opening's tokens carry.
 const SERIAL_BITS: u32 = 32;
 const SLOT_BITS: u32 = 24;
+/// The slot a fetch of metadata's token names (one past the last a slot
+/// may take).
+const FETCH_SLOT: usize = (1 << SLOT_BITS) - 1;
 
 /// A restore driven to its end by [`Store::restore`] (never a caller's:
 /// the daemon numbers its restores from 0).
@@ -49,12 +54,17 @@ pub(super) struct Opening {
     manifests: Vec<Rc<Manifest>>,
     /// Newest first within each manifest, manifests in the order given.
     slots: Vec<Slot>,
-    /// Reads in flight.
+    /// Reads in flight (a fetch of metadata counts as one).
     reads: usize,
+    /// The fetch of metadata only the remote tier holds, while it runs.
+    fetch: Option<tier::Fetched>,
     failed: Option<StoreError>,
 }
 
 struct Slot {
+    /// The segment's file name, and where it is (once its metadata is on
+    /// the local disk).
+    name: String,
     path: PathBuf,
     id: u64,
     /// The length its manifest records.
@@ -169,10 +179,8 @@ impl<I: Io> Store<I> {
                 return self.restored.remove(i).expect("found").1;
             }
             self.drive_io();
-            if self.completions.is_empty() && !self.restored.iter().any(|r| r.0 == SYNC_RESTORE) {
-                self.io
-                    .wait(Some(Duration::from_millis(100)))
-                    .map_err(|e| StoreError::io(&self.cfg.dir, "wait", &e))?;
+            if !self.restored.iter().any(|r| r.0 == SYNC_RESTORE) {
+                self.wait(Some(Duration::from_millis(100)))?;
             }
         }
     }
@@ -189,15 +197,6 @@ impl<I: Io> Store<I> {
         lo: u16,
         hi: u16,
     ) -> Result<(), StoreError> {
-        // Segments only the remote tier holds (an empty local disk) get
-        // their metadata first, all at once.
-        let wanted: Vec<(String, u64)> = manifests
-            .iter()
-            .flat_map(|m| &m.layers)
-            .filter(|l| l.clip.narrowed(lo, hi).is_some())
-            .map(|l| (l.name.clone(), l.file_len))
-            .collect();
-        self.materialize(&wanted)?;
         let mut o = Opening {
             serial,
             purpose,
@@ -206,6 +205,7 @@ impl<I: Io> Store<I> {
             manifests,
             slots: Vec::new(),
             reads: 0,
+            fetch: None,
             failed: None,
         };
         for m in &o.manifests {
@@ -216,7 +216,8 @@ impl<I: Io> Store<I> {
                 let id = self.next_segment_id;
                 self.next_segment_id += 1;
                 o.slots.push(Slot {
-                    path: tier::layer_path(&self.cfg.dir, &l.name),
+                    name: l.name.clone(),
+                    path: PathBuf::new(),
                     id,
                     want_len: l.file_len,
                     clip,
@@ -225,18 +226,38 @@ impl<I: Io> Store<I> {
                 });
             }
         }
-        if o.slots.len() >= 1 << SLOT_BITS {
+        if o.slots.len() >= FETCH_SLOT {
             return Err(StoreError::Limit(format!(
                 "the checkpoints name {} layers of the range",
                 o.slots.len()
             )));
         }
+        // Segments only the remote tier holds (an empty local disk) get
+        // their metadata first, all at once.
+        let wanted: Vec<(String, u64)> = o
+            .slots
+            .iter()
+            .map(|s| (s.name.clone(), s.want_len))
+            .collect();
+        let token = self.opening_token(serial, FETCH_SLOT);
+        o.fetch = self.fetch_metadata(token, &wanted);
+        if o.fetch.is_some() {
+            o.reads = 1;
+            self.openings.push(o);
+            return Ok(());
+        }
+        self.begin_opening(o, true)
+    }
+
+    /// Opens `o`'s files and starts their reads. An error before any read
+    /// is in flight refuses it: returned when `at_once`, else delivered.
+    fn begin_opening(&mut self, mut o: Opening, at_once: bool) -> Result<(), StoreError> {
         for i in 0..o.slots.len() {
             if let Err(e) = self.begin_slot(&mut o, i) {
                 for s in &mut o.slots {
                     s.close(&mut self.io);
                 }
-                if o.reads == 0 {
+                if o.reads == 0 && at_once {
                     return Err(e);
                 }
                 // Reads in flight end first.
@@ -253,9 +274,35 @@ impl<I: Io> Store<I> {
         Ok(())
     }
 
+    /// The fetch of `o`'s metadata ended: its files are opened next.
+    fn opening_fetched(&mut self, mut o: Opening) {
+        let done = o
+            .fetch
+            .take()
+            .and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take());
+        match done {
+            Some(Ok(names)) => {
+                self.note_fetched(names);
+                let _ = self.begin_opening(o, false);
+            }
+            Some(Err(e)) => {
+                o.failed = Some(e);
+                self.finish_opening(o);
+            }
+            None => {
+                o.failed = Some(StoreError::Remote(
+                    "the fetch of the segments' metadata from the remote tier ended without a word"
+                        .into(),
+                ));
+                self.finish_opening(o);
+            }
+        }
+    }
+
     /// Opens slot `i`'s file: shared with a live layer, or its footer read.
     fn begin_slot(&mut self, o: &mut Opening, i: usize) -> Result<(), StoreError> {
         let s = &mut o.slots[i];
+        s.path = tier::layer_path(&self.cfg.dir, &s.name);
         let path = s.path.clone();
         let file = self
             .io
@@ -324,6 +371,9 @@ impl<I: Io> Store<I> {
         };
         let mut o = self.openings.swap_remove(k);
         o.reads -= 1;
+        if i == FETCH_SLOT {
+            return self.opening_fetched(o);
+        }
         if let Err(e) = self.slot_read_done(&mut o, i, c) {
             o.slots[i].close(&mut self.io);
             o.failed.get_or_insert(e);

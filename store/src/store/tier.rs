@@ -36,12 +36,10 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::*;
 use crate::format::Malformed;
 use crate::manifest;
-use crate::remote::{LocalFile, Remote, RemoteDone, RemoteError, RemoteStats};
+use crate::remote::{Fetcher, LocalFile, Remote, RemoteDone, RemoteError, RemoteStats};
 use crate::segment::Residency;
 
 /// How the store uses its remote tier.
@@ -237,10 +235,6 @@ fn set_aside(path: &Path) -> Option<PathBuf> {
     torn.exists().then_some(torn)
 }
 
-/// How long a restore waits for the remote (it runs on the shard thread,
-/// which must beat within the watchdog's 3 s).
-const RESTORE_FETCH_LIMIT: Duration = Duration::from_secs(2);
-
 /// Whether `name` is a segment or import file (what the tier caches).
 fn is_layer(name: &str) -> bool {
     segment::is_layer_file_name(name)
@@ -427,6 +421,9 @@ impl Tier {
             // A synchronous wait's outcome arriving after it gave up: none
             // (it waits for every one), so nothing to do.
             Some(Tag::TierSync) => {}
+            // A fetch of metadata for an opening ended (what it did is in
+            // the opening's slot): handed to the opening like its reads.
+            Some(Tag::Opening) => out.push(IoCompletion::local(t, None, Ok(0))),
             Some(Tag::TierRead) => {
                 let k = value_of(t) as usize;
                 if self.bufs.get(k).is_none() {
@@ -530,7 +527,6 @@ impl Tier {
                 | Tag::MarkerDirSync
                 | Tag::Unlink
                 | Tag::Layers
-                | Tag::Opening
                 | Tag::CacheWrite,
             )
             | None => {}
@@ -558,14 +554,9 @@ impl Tier {
     }
 
     /// Waits for the outcomes of the `n` synchronous tokens numbered from
-    /// `base` (until `deadline`, if any): one per token, in order; other
-    /// outcomes are kept for the next `reap`, late ones dropped by it.
-    fn wait_sync(
-        &mut self,
-        base: u64,
-        n: usize,
-        deadline: Option<Instant>,
-    ) -> Vec<Option<Result<RemoteDone, RemoteError>>> {
+    /// `base`: one per token, in order; other outcomes are kept for the
+    /// next `reap`.
+    fn wait_sync(&mut self, base: u64, n: usize) -> Vec<Option<Result<RemoteDone, RemoteError>>> {
         let mut res: Vec<Option<Result<RemoteDone, RemoteError>>> = (0..n).map(|_| None).collect();
         let mut left = n;
         while left > 0 {
@@ -581,48 +572,10 @@ impl Tier {
                 }
             }
             if left > 0 {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    break;
-                }
                 self.remote.wait(Duration::from_millis(50));
             }
         }
         res
-    }
-
-    /// Runs `get`'s ranges and waits for them (a restore's metadata, the
-    /// manifests at open): one result per range, in order.
-    fn get_sync(
-        &mut self,
-        wanted: &[(String, Range<u64>)],
-        deadline: Option<Instant>,
-    ) -> Vec<Result<Bytes, RemoteError>> {
-        let base = self.next_token + 1;
-        let tokens: Vec<u64> = wanted.iter().map(|_| self.token(Tag::TierSync)).collect();
-        let refs: Vec<(u64, &str, Range<u64>)> = wanted
-            .iter()
-            .zip(&tokens)
-            .map(|((n, r), t)| (*t, n.as_str(), r.clone()))
-            .collect();
-        self.remote.get_blocks(&refs);
-        self.wait_sync(base, wanted.len(), deadline)
-            .into_iter()
-            .zip(wanted)
-            .map(|(r, (n, _))| match r {
-                Some(r) => r.and_then(|d| match d {
-                    RemoteDone::Bytes(b) => Ok(b),
-                    _ => Err(RemoteError::Config("a GET answered without bytes".into())),
-                }),
-                None => Err(RemoteError::Failed {
-                    op: "GET",
-                    path: n.clone(),
-                    attempts: 0,
-                    msg: format!(
-                        "no answer within {RESTORE_FETCH_LIMIT:?} (a restore waits no longer)"
-                    ),
-                }),
-            })
-            .collect()
     }
 
     /// Lists the store's objects and waits for the answer (bounded by the
@@ -631,7 +584,7 @@ impl Tier {
         let t = self.token(Tag::TierSync);
         self.remote.list(t, "");
         let base = value_of(t);
-        match self.wait_sync(base, 1, None).pop().flatten() {
+        match self.wait_sync(base, 1).pop().flatten() {
             Some(Ok(RemoteDone::Listed(v))) => Ok(v),
             Some(Err(e)) => Err(e),
             _ => Err(RemoteError::Config("a LIST answered without names".into())),
@@ -716,7 +669,7 @@ pub(super) fn prepare(
         for (name, _) in &empty {
             write_durably(&dir.join(name), &[], 0).map_err(dir_err)?;
         }
-        for ((name, _), got) in missing.iter().zip(tier.get_sync(&missing, None)) {
+        for ((name, _), got) in missing.iter().zip(tier.remote.fetcher().get_all(&missing)) {
             let bytes = match got {
                 Ok(b) => b,
                 // Deleted between the listing and the GET (a marker of a
@@ -736,6 +689,71 @@ pub(super) fn prepare(
 
 /// Writes `parts` (offset, bytes) into a new file of `len` bytes at `path`
 /// (through a temporary name, synced, then renamed).
+/// What a fetch of metadata ([`Store::fetch_metadata`]) did: the segments
+/// it wrote, or why it failed. Empty until it ends.
+pub(super) type Fetched = Arc<std::sync::Mutex<Option<Result<Vec<String>, StoreError>>>>;
+
+/// Fetches the footer page, then the metadata, of each segment `missing`
+/// names (every GET of a round in flight at once), and writes each as a
+/// sparse file under [`FETCHED_DIR`], durably. Blocks: on the remote
+/// runtime's blocking pool only.
+fn fetch_metadata(
+    f: &Fetcher,
+    dir: &Path,
+    missing: &[(String, u64)],
+) -> Result<Vec<String>, StoreError> {
+    let refuse = |n: &str, what: String| {
+        StoreError::Restore(format!(
+            "segment {n} is not on the local disk and the remote tier cannot supply it: {what}"
+        ))
+    };
+    // A missing object refuses the restore; a remote that fails to answer
+    // fails it as a remote error (the same restore may succeed later).
+    let fetch_failed = |n: &str, e: RemoteError| match e {
+        RemoteError::Failed { .. } => StoreError::Remote(format!(
+            "segment {n} is not on the local disk and fetching its metadata failed: {e}"
+        )),
+        e => refuse(n, e.to_string()),
+    };
+    let fetched = dir.join(FETCHED_DIR);
+    std::fs::create_dir_all(&fetched).map_err(|e| StoreError::io(&fetched, "create", &e))?;
+    let mut pages = Vec::new();
+    for (n, len) in missing {
+        let page = format::footer_page(*len)
+            .ok_or_else(|| refuse(n, format!("{len} bytes is not a whole number of pages")))?;
+        pages.push((n.clone(), page..*len));
+    }
+    let mut metas = Vec::new();
+    let mut parsed = Vec::new();
+    for ((n, len), got) in missing.iter().zip(f.get_all(&pages)) {
+        let page = got.map_err(|e| fetch_failed(n, e))?;
+        let footer = format::Footer::decode(&page, *len).map_err(|m| StoreError::Corrupt {
+            path: format!("remote:{n}"),
+            offset: *len - ALIGN as u64,
+            what: m.0,
+        })?;
+        let meta_off = data_end(&footer);
+        metas.push((n.clone(), meta_off..*len - ALIGN as u64));
+        parsed.push((page, meta_off));
+    }
+    let mut written = Vec::new();
+    for (((n, len), meta), (page, meta_off)) in missing.iter().zip(f.get_all(&metas)).zip(parsed) {
+        let meta = meta.map_err(|e| fetch_failed(n, e))?;
+        let path = fetched.join(n);
+        write_durably(
+            &path,
+            &[(meta_off, &meta[..]), (*len - ALIGN as u64, &page[..])],
+            *len,
+        )
+        .map_err(|e| StoreError::io(&path, "write", &e))?;
+        written.push(n.clone());
+    }
+    std::fs::File::open(&fetched)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(&fetched, "fsync directory", &e))?;
+    Ok(written)
+}
+
 fn write_durably(path: &Path, parts: &[(u64, &[u8])], len: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let tmp = path.with_extension("part");
@@ -836,78 +854,48 @@ impl<I: Io> Store<I> {
         }
     }
 
-    /// Brings the metadata of segments that only the remote holds to the
-    /// local disk (sparse files: footer, index and filter; the data stays
-    /// remote). `wanted`: file names and lengths, as manifests give them.
-    pub(super) fn materialize(&mut self, wanted: &[(String, u64)]) -> Result<(), StoreError> {
+    /// Starts bringing the metadata of the segments among `wanted` (file
+    /// names and lengths, as manifests give them) that only the remote
+    /// holds to the local disk, on the remote runtime's blocking pool:
+    /// sparse files with their footer, index and filter, the data staying
+    /// remote. `token`'s outcome says it ended; the slot returned holds
+    /// what it did. `None`: nothing to fetch.
+    pub(super) fn fetch_metadata(
+        &mut self,
+        token: u64,
+        wanted: &[(String, u64)],
+    ) -> Option<Fetched> {
         let dir = self.cfg.dir.clone();
-        let Some(tier) = self.tier.as_mut() else {
-            return Ok(());
-        };
-        let missing: Vec<&(String, u64)> = wanted
+        let tier = self.tier.as_mut()?;
+        let mut missing: Vec<(String, u64)> = wanted
             .iter()
             // (A copy an open set aside is fetched again: the remote's
             // may be sound where the local one is not.)
             .filter(|(n, _)| local_copy(&dir, n).is_none())
+            .cloned()
             .collect();
+        missing.sort();
+        missing.dedup();
         if missing.is_empty() {
-            return Ok(());
+            return None;
         }
-        let refuse = |n: &str, what: String| {
-            StoreError::Restore(format!(
-                "segment {n} is not on the local disk and the remote tier cannot supply it: {what}"
-            ))
-        };
-        // A missing object refuses the restore; a remote that fails to
-        // answer fails it as a remote error (the same restore may succeed
-        // later).
-        let fetch_failed = |n: &str, e: RemoteError| match e {
-            RemoteError::Failed { .. } => StoreError::Remote(format!(
-                "segment {n} is not on the local disk and fetching its metadata failed: {e}"
-            )),
-            e => refuse(n, e.to_string()),
-        };
-        let fetched = dir.join(FETCHED_DIR);
-        std::fs::create_dir_all(&fetched).map_err(|e| StoreError::io(&fetched, "create", &e))?;
-        let mut pages = Vec::new();
-        for (n, len) in &missing {
-            let page = format::footer_page(*len)
-                .ok_or_else(|| refuse(n, format!("{len} bytes is not a whole number of pages")))?;
-            pages.push((n.clone(), page..*len));
+        let slot = Fetched::default();
+        let out = slot.clone();
+        let fetcher = tier.remote.fetcher();
+        let what = dir.join(FETCHED_DIR).display().to_string();
+        tier.remote.local_task(token, what, move || {
+            let r = fetch_metadata(&fetcher, &dir, &missing);
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            Ok(RemoteDone::Ran)
+        });
+        Some(slot)
+    }
+
+    /// The segments a fetch of metadata wrote: their data is remote.
+    pub(super) fn note_fetched(&mut self, names: Vec<String>) {
+        if let Some(t) = self.tier.as_mut() {
+            t.evicted.extend(names);
         }
-        // One limit for both rounds.
-        let deadline = Some(Instant::now() + RESTORE_FETCH_LIMIT);
-        let footers = tier.get_sync(&pages, deadline);
-        let mut metas = Vec::new();
-        let mut parsed = Vec::new();
-        for ((n, len), got) in missing.iter().zip(footers) {
-            let page = got.map_err(|e| fetch_failed(n, e))?;
-            let footer = format::Footer::decode(&page, *len).map_err(|m| StoreError::Corrupt {
-                path: format!("remote:{n}"),
-                offset: *len - ALIGN as u64,
-                what: m.0,
-            })?;
-            let meta_off = data_end(&footer);
-            metas.push((n.clone(), meta_off..*len - ALIGN as u64));
-            parsed.push((page, meta_off));
-        }
-        let got = tier.get_sync(&metas, deadline);
-        for ((((n, len), meta), (page, meta_off)), _) in
-            missing.iter().zip(got).zip(parsed).zip(&metas)
-        {
-            let meta = meta.map_err(|e| fetch_failed(n, e))?;
-            let path = fetched.join(n);
-            write_durably(
-                &path,
-                &[(meta_off, &meta[..]), (*len - ALIGN as u64, &page[..])],
-                *len,
-            )
-            .map_err(|e| StoreError::io(&path, "write", &e))?;
-            tier.evicted.insert(n.clone());
-        }
-        std::fs::File::open(&fetched)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| StoreError::io(&fetched, "fsync directory", &e))
     }
 
     /// Keeps the local segment files (own and fetched) under the cache
