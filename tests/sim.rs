@@ -206,9 +206,11 @@ struct Counts {
     scribbles: u64,
     failed_opens: u64,
     rescales: u64,
-    /// Portable snapshots exported and imported into a new operator.
+    /// Portable snapshots exported and imported into a new operator, and
+    /// how many of the exports were of a retained checkpoint.
     exports: u64,
     imports: u64,
+    checkpoint_exports: u64,
 }
 
 type Opened = (
@@ -246,7 +248,11 @@ fn open_shard(
 }
 
 impl Sim {
+    /// One turn of the shard's loop; the simulated clock moves a
+    /// microsecond (a client waiting for an answer lets time pass: a slow
+    /// fsync that blocks a flush is due after so many steps).
     fn step(&mut self) -> bool {
+        stator_store::clock::advance(Duration::from_micros(1));
         self.shard.as_mut().expect("a shard runs").step()
     }
 
@@ -826,10 +832,12 @@ impl Sim {
     }
 
     /// Client `c` exports its part of its operator's state (a portable
-    /// snapshot, over the session's two chunk slots), and a new operator
-    /// imports it in a session over the same key groups: every key the
-    /// part's model knows reads back the same there, and no other. A
-    /// failure is allowed only while a fault was planned.
+    /// snapshot, over the session's two chunk slots), live or, half the
+    /// time, as the operator's last completed checkpoint holds it; a new
+    /// operator imports it in a session over the same key groups: every
+    /// key the part's model (or the checkpoint's) knows reads back the
+    /// same there, and no other. A failure is allowed only while a fault
+    /// was planned.
     fn export_import(&mut self, c: usize) {
         if self.dying {
             return;
@@ -861,8 +869,29 @@ impl Sim {
             return;
         }
         let faulty = self.faulty;
-        let chunks = self.export(&mut cl.session, id);
-        let model = self.part_model(&cl);
+        // (The handles of every part: the export takes this part's key
+        // groups of them.)
+        let from = self.operators[cl.op]
+            .restorable
+            .clone()
+            .filter(|_| self.rng.chance(50));
+        let (chunks, model, skip) = match from {
+            Some((_, handles, model)) => {
+                let chunks = self.export(&mut cl.session, id, Some(&handles.concat()));
+                let part = |k: &Key| (cl.kg.0..=cl.kg.1).contains(&k.0);
+                let model = Model {
+                    values: model.values.into_iter().filter(|(k, _)| part(k)).collect(),
+                    maps: model.maps.into_iter().filter(|((k, _), _)| part(k)).collect(),
+                };
+                self.counts.checkpoint_exports += u64::from(chunks.is_some());
+                (chunks, model, HashSet::new())
+            }
+            None => {
+                let chunks = self.export(&mut cl.session, id, None);
+                let unknown = self.operators[cl.op].unknown.clone();
+                (chunks, self.part_model(&cl), unknown)
+            }
+        };
         let kg = cl.kg;
         self.clients.insert(c, cl);
         let Some(chunks) = chunks else {
@@ -896,8 +925,7 @@ impl Sim {
             .collect();
         let uks: Vec<Vec<u8>> = (0..USER_KEYS).map(|u| u.to_be_bytes().to_vec()).collect();
         let mut want: Vec<(u64, Request<'_>, Option<Vec<u8>>)> = Vec::new();
-        let unknown = &self.operators[self.clients[c].op].unknown;
-        for k in keys.iter().filter(|k| !unknown.contains(k)) {
+        for k in keys.iter().filter(|k| !skip.contains(k)) {
             want.push((
                 want.len() as u64,
                 Request {
@@ -952,13 +980,23 @@ impl Sim {
         self.close(sid, session);
     }
 
-    /// Exports `session`'s state as snapshot `id`: its chunks in order, or
+    /// Exports `session`'s state as snapshot `id`, live or what the
+    /// checkpoints `handles` (back to back) hold: its chunks in order, or
     /// `None` if it failed.
-    fn export(&mut self, session: &mut Session, id: u64) -> Option<Vec<Vec<u8>>> {
+    fn export(
+        &mut self,
+        session: &mut Session,
+        id: u64,
+        handles: Option<&[u8]>,
+    ) -> Option<Vec<Vec<u8>>> {
         let mut chunks: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
         let (mut started, mut ended, mut failed) = (false, false, false);
         let mut held = 0u32;
-        let _ = session.submit(&Request::snapshot_export(id), u64::MAX);
+        let req = match handles {
+            Some(h) => Request::snapshot_export_checkpoints(id, h),
+            None => Request::snapshot_export(id),
+        };
+        let _ = session.submit(&req, u64::MAX);
         let _ = session.flush();
         let ok = self.drive(session, |s, seen| {
             for d in seen {
@@ -1346,6 +1384,7 @@ fn seeded_runs_keep_every_acknowledged_write() {
         total.rescales += c.rescales;
         total.exports += c.exports;
         total.imports += c.imports;
+        total.checkpoint_exports += c.checkpoint_exports;
     };
     for seed in seeds {
         let (digest, c) = run_seed(seed, turns);
