@@ -250,9 +250,15 @@ fn open_shard(
 impl Sim {
     /// One turn of the shard's loop; the simulated clock moves a
     /// microsecond (a client waiting for an answer lets time pass: a slow
-    /// fsync that blocks a flush is due after so many steps).
+    /// fsync that blocks a flush is due after so many steps). The daemon's
+    /// registry thread saves what imports registered now and then
+    /// (`Registry::save_pending`): an import is installed only once that
+    /// save is done.
     fn step(&mut self) -> bool {
         stator_store::clock::advance(Duration::from_micros(1));
+        if self.rng.chance(2) {
+            Registry::save_pending(&self.registry);
+        }
         self.shard.as_mut().expect("a shard runs").step()
     }
 
@@ -881,7 +887,11 @@ impl Sim {
                 let part = |k: &Key| (cl.kg.0..=cl.kg.1).contains(&k.0);
                 let model = Model {
                     values: model.values.into_iter().filter(|(k, _)| part(k)).collect(),
-                    maps: model.maps.into_iter().filter(|((k, _), _)| part(k)).collect(),
+                    maps: model
+                        .maps
+                        .into_iter()
+                        .filter(|((k, _), _)| part(k))
+                        .collect(),
                 };
                 self.counts.checkpoint_exports += u64::from(chunks.is_some());
                 (chunks, model, HashSet::new())

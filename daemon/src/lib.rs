@@ -83,6 +83,9 @@ pub struct Daemon {
     remote_rt: Option<RemoteRuntime>,
     /// Drops idle jobs; stops when its sender is dropped.
     janitor: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
+    /// Saves the registrations shards make (see `registry::Saver`);
+    /// stops when told, after the shards.
+    saver: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 fn path_err(what: &'static str, p: &std::path::Path) -> impl FnOnce(std::io::Error) -> StartError {
@@ -252,6 +255,10 @@ impl Daemon {
                 return Err(e);
             }
         };
+        let saver = start_saver(ctx.clone()).map_err(|e| StartError::Shard {
+            shard: usize::MAX,
+            msg: format!("cannot start the registry's saver: {e}"),
+        })?;
         let c = ctx.clone();
         let acceptor = std::thread::Builder::new()
             .name("statord-control".into())
@@ -268,6 +275,7 @@ impl Daemon {
             status: Some(status),
             remote_rt: remote_rt.map(|(rt, _)| rt),
             janitor: Some((stop_janitor, janitor)),
+            saver: Some(saver),
         })
     }
 
@@ -339,6 +347,11 @@ impl Daemon {
             .filter_map(|j| j.join().ok())
             .collect();
         drop(connections);
+        if let Some((stop, j)) = self.saver.take() {
+            stop.store(true, Ordering::Release);
+            self.ctx.registry_view.saver().wake();
+            let _ = j.join();
+        }
         // Last: `/healthz` says "stopping" while the shards drain.
         if let Some(s) = self.status.take() {
             s.stop();
@@ -346,6 +359,32 @@ impl Daemon {
         drop(self.remote_rt.take());
         stats
     }
+}
+
+/// Starts the thread that saves the registrations shards make for
+/// imports ([`Registry::save_pending`]) and wakes the shards once they
+/// are durable (an import waits for that before its install); a failed
+/// save is retried each second. It saves once more when `stop` is set.
+fn start_saver(ctx: Arc<Ctx>) -> std::io::Result<(Arc<AtomicBool>, JoinHandle<()>)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let j = std::thread::Builder::new()
+        .name("statord-registry".into())
+        .spawn(move || {
+            loop {
+                let stopping = s.load(Ordering::Acquire);
+                if Registry::save_pending(&ctx.registry) {
+                    for h in &ctx.shards {
+                        h.bell.ring();
+                    }
+                }
+                if stopping {
+                    return;
+                }
+                ctx.registry_view.saver().wait(Duration::from_secs(1));
+            }
+        })?;
+    Ok((stop, j))
 }
 
 /// Drops jobs with no session and no retained checkpoint for

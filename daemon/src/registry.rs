@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,85 @@ pub struct Registry {
     max_per_job: usize,
     /// What shards read, published after each change.
     view: RegistryView,
+    /// Changes to the states (names, next id) since the registry was
+    /// opened: `states.json` holds [`Saver::durable`] of them.
+    version: u64,
+}
+
+/// Writes of `states.json`, in order: a registration an import makes on a
+/// shard is saved here later, off the shard ([`Registry::save_pending`],
+/// on the daemon's registry thread), and the import is not installed
+/// before it is durable. Shared by the registry and its views.
+#[derive(Default)]
+pub struct Saver {
+    /// The version the file holds; held while the file is written, so
+    /// that an older snapshot never lands over a newer one.
+    written: Mutex<u64>,
+    /// The same, for readers that must not wait.
+    durable: AtomicU64,
+    /// Why the last write failed, until one succeeds.
+    failure: Mutex<Option<String>>,
+    /// Rung when a registration waits to be saved.
+    bell: Option<(
+        crossbeam_channel::Sender<()>,
+        crossbeam_channel::Receiver<()>,
+    )>,
+}
+
+impl Saver {
+    fn new() -> Saver {
+        Saver {
+            bell: Some(crossbeam_channel::bounded(1)),
+            ..Saver::default()
+        }
+    }
+
+    /// The version of the states `states.json` holds durably.
+    pub fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// Why saving the states failed last, while it does.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits until a registration wants saving or `timeout` passes.
+    pub fn wait(&self, timeout: Duration) {
+        if let Some((_, rx)) = &self.bell {
+            let _ = rx.recv_timeout(timeout);
+        }
+    }
+
+    /// Ends a [`Saver::wait`] at once.
+    pub fn wake(&self) {
+        if let Some((tx, _)) = &self.bell {
+            let _ = tx.try_send(());
+        }
+    }
+
+    /// Writes `bytes` (version `version`) to `path` durably, unless a newer
+    /// version is there already.
+    fn write(&self, path: &Path, version: u64, bytes: &[u8]) -> std::io::Result<()> {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if version <= *written {
+            return Ok(());
+        }
+        let r = write_file(path, bytes);
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        match &r {
+            Ok(()) => {
+                *written = version;
+                self.durable.store(version, Ordering::Release);
+                *failure = None;
+            }
+            Err(e) => *failure = Some(e.to_string()),
+        }
+        r
+    }
 }
 
 /// A job's open sessions, and since when it has had none.
@@ -82,20 +162,30 @@ struct StatesOut<'a> {
 
 /// The registry as shards read it: an immutable copy, replaced whole after
 /// each change, so that a shard never waits on a registration's file
-/// writes and fsyncs (they run under the registry's mutex, which a shard
-/// takes only for an import that brings state names new to its operator).
+/// writes and fsyncs. A shard takes the registry's mutex only to register
+/// the state names an import brings in memory; the registry thread saves
+/// them ([`Saver`]), never under that mutex.
 #[derive(Clone, Default)]
-pub struct RegistryView(Arc<RwLock<Arc<RegView>>>);
+pub struct RegistryView {
+    view: Arc<RwLock<Arc<RegView>>>,
+    saver: Arc<Saver>,
+}
 
 impl RegistryView {
     /// The registry as of now.
     pub fn get(&self) -> Arc<RegView> {
-        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn publish(&self, entries: &[RegEntry], next_id: u32) {
+    /// How far `states.json` got.
+    pub fn saver(&self) -> &Saver {
+        &self.saver
+    }
+
+    fn publish(&self, entries: &[RegEntry], next_id: u32, version: u64) {
         let mut v = RegView {
             dropped: Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id))),
+            version,
             ..RegView::default()
         };
         for e in entries {
@@ -113,7 +203,7 @@ impl RegistryView {
             op.ids = op.entries.iter().map(|e| e.id).collect();
             op.meta = serde_json::to_vec(&op.entries).unwrap_or_default();
         }
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(v);
     }
 }
 
@@ -124,6 +214,9 @@ pub struct RegView {
     by_operator: HashMap<String, HashMap<String, OperatorStates>>,
     /// State ids of dropped jobs, whose records compaction leaves out.
     dropped: Arc<DroppedStates>,
+    /// The registry's version (see [`Saver`]): state installed under
+    /// ids read here waits for `Saver::durable` to reach it.
+    version: u64,
 }
 
 /// One operator's registrations, and what its checkpoints keep of them.
@@ -136,6 +229,11 @@ struct OperatorStates {
 }
 
 impl RegView {
+    /// Its version (see [`Saver`]).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
     /// Jobs with registered states, and those states.
     pub fn counts(&self) -> (usize, usize) {
         let states = self
@@ -235,8 +333,11 @@ impl Registry {
         let jobs_path = data_dir.join("jobs.json");
         let jobs = load_json(&jobs_path)?.unwrap_or_default();
         let index = index_of(&entries);
-        let view = RegistryView::default();
-        view.publish(&entries, next_id);
+        let view = RegistryView {
+            saver: Arc::new(Saver::new()),
+            ..RegistryView::default()
+        };
+        view.publish(&entries, next_id, 0);
         Ok(Registry {
             path,
             entries,
@@ -248,6 +349,7 @@ impl Registry {
             opened: Instant::now(),
             max_per_job: crate::config::DEFAULT_MAX_STATES_PER_JOB,
             view,
+            version: 0,
         })
     }
 
@@ -336,8 +438,93 @@ impl Registry {
     }
 
     /// The store-wide ids of states of one operator, registering the new
-    /// ones with one durable save (all or none).
+    /// ones with one durable save (all or none): what the states hold is
+    /// durable when it returns, earlier registrations not saved yet
+    /// included.
     pub fn register_all(
+        &mut self,
+        job: &str,
+        op: &str,
+        states: &[(&str, u8)],
+    ) -> Result<Vec<u32>, (i32, String)> {
+        let before = (self.entries.len(), self.next_id);
+        let ids = self.add_all(job, op, states)?;
+        let added = self.entries.len() > before.0;
+        if self.version > self.view.saver.durable()
+            && let Err(e) = self.save()
+        {
+            if added {
+                self.undo_to(before);
+            }
+            return Err((
+                status::INTERNAL,
+                format!("cannot save the state registry: {e}"),
+            ));
+        }
+        // Published once durable: no shard sees an id that could be undone.
+        if added {
+            self.view.publish(&self.entries, self.next_id, self.version);
+        }
+        Ok(ids)
+    }
+
+    /// As [`Registry::register_all`] but saved later, off the caller's
+    /// thread (a shard's: see [`Saver`]): the ids, and the version
+    /// whose durability (`Saver::durable`) makes them safe to install
+    /// state under.
+    pub fn register_all_later(
+        &mut self,
+        job: &str,
+        op: &str,
+        states: &[(&str, u8)],
+    ) -> Result<(Vec<u32>, u64), (i32, String)> {
+        let before = self.entries.len();
+        let ids = self.add_all(job, op, states)?;
+        if self.entries.len() > before {
+            self.view.publish(&self.entries, self.next_id, self.version);
+        }
+        if self.version > self.view.saver.durable() {
+            self.view.saver.wake();
+        }
+        Ok((ids, self.version))
+    }
+
+    /// Forgets the registrations past the first `len` entries, and the
+    /// ids and version they took (never published).
+    fn undo_to(&mut self, (len, next_id): (usize, u32)) {
+        for e in self.entries.drain(len..) {
+            self.index.remove(&(e.job, e.operator, e.name));
+        }
+        self.next_id = next_id;
+        self.version -= 1;
+    }
+
+    /// Saves `states.json` if a registration made with
+    /// [`Registry::register_all_later`] waits for it: the registry's lock
+    /// is held only to copy the states, not for the file's writes.
+    /// Whether it saved; a failure is logged and kept in the [`Saver`]
+    /// (the next call tries again).
+    pub fn save_pending(registry: &Mutex<Registry>) -> bool {
+        let (saver, path, version, bytes) = {
+            let r = registry.lock().unwrap_or_else(|p| p.into_inner());
+            if r.version <= r.view.saver.durable() {
+                return false;
+            }
+            (r.view.saver.clone(), r.path.clone(), r.version, r.encode())
+        };
+        match saver.write(&path, version, &bytes) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "cannot save the state registry; imports naming new states wait for it; retried");
+                false
+            }
+        }
+    }
+
+    /// The ids of states of one operator, registering the new ones in
+    /// memory (all or none, not published); a new one makes a new
+    /// version.
+    fn add_all(
         &mut self,
         job: &str,
         op: &str,
@@ -401,14 +588,7 @@ impl Registry {
             ids.push(id);
         }
         if self.entries.len() > before {
-            if let Err(e) = self.save() {
-                undo(self);
-                return Err((
-                    status::INTERNAL,
-                    format!("cannot save the state registry: {e}"),
-                ));
-            }
-            self.view.publish(&self.entries, self.next_id);
+            self.version += 1;
         }
         Ok(ids)
     }
@@ -486,12 +666,14 @@ impl Registry {
                 .filter(|e| !doomed.contains(&e.job))
                 .cloned()
                 .collect();
+            self.version += 1;
             if let Err(e) = self.save() {
                 self.entries = all;
+                self.version -= 1;
                 return Err(e);
             }
             self.index = index_of(&self.entries);
-            self.view.publish(&self.entries, self.next_id);
+            self.view.publish(&self.entries, self.next_id, self.version);
         }
         let owners = self.jobs.clone();
         self.jobs.retain(|j, _| !doomed.contains(j));
@@ -507,14 +689,21 @@ impl Registry {
         Ok(doomed.into_iter().collect())
     }
 
+    /// Writes `states.json` as it is now, durably (under the registry's
+    /// lock: the control side's registrations and drops).
     fn save(&self) -> std::io::Result<()> {
-        save_json(
-            &self.path,
-            &StatesOut {
-                next_id: self.next_id,
-                states: &self.entries,
-            },
-        )
+        self.view
+            .saver
+            .write(&self.path, self.version, &self.encode())
+    }
+
+    /// `states.json`'s bytes for the states now.
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(&StatesOut {
+            next_id: self.next_id,
+            states: &self.entries,
+        })
+        .expect("the states serialize")
     }
 }
 
@@ -541,12 +730,17 @@ fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<Opt
     }
 }
 
-/// Replaces a JSON file durably (a temporary file, fsync, rename, the
-/// directory's fsync).
+/// Replaces a JSON file durably (see [`write_file`]).
 fn save_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
+    write_file(path, &serde_json::to_vec_pretty(v)?)
+}
+
+/// Replaces a file durably: a temporary file, fsync, rename, the
+/// directory's fsync.
+fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
     let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(v)?)?;
+    f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     if let Some(d) = path.parent() {
@@ -577,6 +771,87 @@ pub(crate) fn state_kind(k: u8) -> Option<StateKind> {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    /// Issue 25: an import's new names were saved (file write, fsyncs,
+    /// rename) under the registry's lock on the shard thread. Now the
+    /// shard registers them in memory and the registry thread saves them:
+    /// nothing is durable until then, a restart without the save forgets
+    /// them, their version tells when they are durable, and a control-side
+    /// registration saves every earlier one with its own.
+    #[test]
+    fn names_registered_for_later_are_durable_only_once_saved() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
+        let view = reg.lock().unwrap().view();
+        let (ids, v) = reg
+            .lock()
+            .unwrap()
+            .register_all_later("j", "op", &[("a", kind::VALUE), ("b", kind::MAP)])
+            .unwrap();
+        assert!(v > view.saver().durable(), "saved at once");
+        assert_eq!(view.get().version(), v);
+        assert_eq!(view.get().id_of("j", "op", "b", kind::MAP), Ok(ids[1]));
+        // A restart before the save: forgotten, as after a crash.
+        assert!(
+            !Registry::open(d.path())
+                .unwrap()
+                .view()
+                .get()
+                .is_registered("j", "op", "a")
+        );
+        // Known names want nothing saved; the save makes the version durable.
+        let (again, v2) = reg
+            .lock()
+            .unwrap()
+            .register_all_later("j", "op", &[("a", kind::VALUE)])
+            .unwrap();
+        assert_eq!((again[0], v2), (ids[0], v));
+        assert!(Registry::save_pending(&reg));
+        assert!(!Registry::save_pending(&reg), "nothing left to save");
+        assert_eq!(view.saver().durable(), v);
+        assert!(
+            Registry::open(d.path())
+                .unwrap()
+                .view()
+                .get()
+                .is_registered("j", "op", "b")
+        );
+        // A control-side registration saves the unsaved ones before it.
+        reg.lock()
+            .unwrap()
+            .register_all_later("j", "op", &[("c", kind::LIST)])
+            .unwrap();
+        reg.lock()
+            .unwrap()
+            .register("j", "op2", "d", kind::VALUE)
+            .unwrap();
+        let reopened = Registry::open(d.path()).unwrap().view().get();
+        assert!(reopened.is_registered("j", "op", "c") && reopened.is_registered("j", "op2", "d"));
+        assert!(!Registry::save_pending(&reg));
+    }
+
+    /// A failed save is kept (and retried), never taken for durable.
+    #[test]
+    fn a_failed_save_is_reported_and_retried() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
+        let view = reg.lock().unwrap().view();
+        let (_, v) = reg
+            .lock()
+            .unwrap()
+            .register_all_later("j", "op", &[("a", kind::VALUE)])
+            .unwrap();
+        // The temporary file's name is a directory: the write fails.
+        let tmp = d.path().join("states.json.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(!Registry::save_pending(&reg));
+        assert!(view.saver().durable() < v);
+        assert!(view.saver().failure().is_some());
+        std::fs::remove_dir(&tmp).unwrap();
+        assert!(Registry::save_pending(&reg));
+        assert_eq!(view.saver().durable(), v);
+        assert_eq!(view.saver().failure(), None);
+    }
 
     #[test]
     fn a_job_belongs_to_its_first_uid_and_unowned_state_is_not_up_for_grabs() {

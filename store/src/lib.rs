@@ -58,8 +58,8 @@ pub use error::StoreError;
 pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
 pub use store::{
     CheckpointInfo, CheckpointSpec, DEFAULT_CHECKPOINT_LAYER_LIMIT, DEFAULT_RETAINED_CHECKPOINTS,
-    ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS, MAX_UNCOMPLETED,
-    MAX_VALUE_LEN, MIN_CHECKPOINT_LAYER_LIMIT, MemoryUsage, Notify, RecoveryReport, Released,
-    RestoreSpec, Restored, RestoredManifest, StallCause, Store, StoreConfig, StoreStats,
-    TierConfig, TierStats,
+    ExportSpec, Fill, ImportHold, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS,
+    MAX_UNCOMPLETED, MAX_VALUE_LEN, MIN_CHECKPOINT_LAYER_LIMIT, MemoryUsage, Notify,
+    RecoveryReport, Released, RestoreSpec, Restored, RestoredManifest, StallCause, Store,
+    StoreConfig, StoreStats, TierConfig, TierStats,
 };

@@ -37,6 +37,7 @@ use stator_ring::sqe::{CANCEL_SNAPSHOT, SegRange, iter_mode, sqe_flags};
 use stator_ring::{Cqe, DaemonRing, Doorbell, Opcode, RingLayout, RingParams, Sqe, Status};
 use stator_shm::Segment;
 use stator_shm::ShmView;
+use stator_store::ImportHold;
 use stator_store::clock;
 use stator_store::io::{Io, UringIo};
 use stator_store::snapshot::{CHUNK_LEN, ChunkSlot, HEADER_LEN, StateDesc};
@@ -282,6 +283,9 @@ struct ImportState {
     import: u64,
     id: usize,
     held: VecDeque<u64>,
+    /// Holds the store back from installing it until its state ids are
+    /// durable in the registry (see `registry::Saver`).
+    hold: Option<ImportHold>,
 }
 
 /// Where a result goes.
@@ -398,6 +402,10 @@ pub struct Shard<I: Io = UringIo> {
     /// `Store::restore_start`), by token, and the next token.
     restoring: Vec<(u64, Sender<Result<Restored, StoreError>>)>,
     restore_serial: u64,
+    /// Imports the store holds back from their install until the
+    /// registry version their state ids need is durable (see
+    /// `registry::Saver`): the store's hold and that version.
+    unsaved_imports: Vec<(ImportHold, u64)>,
 }
 
 /// A `Release` whose checkpoints are deleted but whose manifests' unlinks
@@ -476,6 +484,7 @@ impl<I: Io> Shard<I> {
             releases: Vec::new(),
             restoring: Vec::new(),
             restore_serial: 0,
+            unsaved_imports: Vec::new(),
         }
     }
 
@@ -570,6 +579,7 @@ impl<I: Io> Shard<I> {
         self.store.note_foreground(busy);
         progress |= self.reap();
         progress |= self.answer_restores();
+        self.release_saved_imports();
         progress |= self.drive_snapshots();
         self.answer_releases(false);
         self.publish();
@@ -761,6 +771,23 @@ impl<I: Io> Shard<I> {
                 let _ = reply.send(Err(e));
             }
         }
+    }
+
+    /// Lets the store install the imports whose state ids the registry
+    /// now holds durably.
+    fn release_saved_imports(&mut self) {
+        if self.unsaved_imports.is_empty() {
+            return;
+        }
+        let durable = self.view.saver().durable();
+        let store = &mut self.store;
+        self.unsaved_imports.retain(|&(hold, v)| {
+            if durable < v {
+                return true;
+            }
+            store.import_release(hold);
+            false
+        });
     }
 
     /// Answers the restores that ended; whether there were any.

@@ -33,6 +33,7 @@ impl<I: Io> Shard<I> {
             batch,
             chunk,
             live,
+            unsaved_imports,
             ..
         } = self;
         let s = &mut sessions[slot];
@@ -205,6 +206,7 @@ impl<I: Io> Shard<I> {
                                 export,
                                 import,
                                 chunk,
+                                unsaved_imports,
                             };
                             snapshot_op(store, ring, sqe, id, ctx)?
                         };

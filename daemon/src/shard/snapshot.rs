@@ -55,6 +55,9 @@ pub(super) struct SnapshotCtx<'s> {
     pub(super) export: &'s mut Option<ExportState>,
     pub(super) import: &'s mut Option<ImportState>,
     pub(super) chunk: &'s mut Vec<u8>,
+    /// Imports held until the registry saves their state ids (see
+    /// `Shard::unsaved_imports`).
+    pub(super) unsaved_imports: &'s mut Vec<(ImportHold, u64)>,
 }
 
 /// Completes the slots still released to an ended export with `NotFound`.
@@ -190,6 +193,8 @@ pub(super) fn snapshot_op<I: Io>(
                                 import: v.arg,
                                 id,
                                 held: VecDeque::new(),
+                                // Installed once its state ids are durable.
+                                hold: store.import_hold(id),
                             });
                             id
                         }
@@ -206,7 +211,10 @@ pub(super) fn snapshot_op<I: Io>(
                 arg: v.arg,
             });
             // The states the snapshot names become (or are) states of this
-            // operator, by name and kind, registered together.
+            // operator, by name and kind, registered together. New ones are
+            // saved off the shard: the import is installed once they are
+            // durable (the registry version it needs).
+            let mut needs: Option<u64> = None;
             let mut resolve = |table: &[StateDesc]| -> Result<Vec<u32>, String> {
                 let mut named = Vec::with_capacity(table.len());
                 for d in table {
@@ -227,17 +235,34 @@ pub(super) fn snapshot_op<I: Io>(
                     ));
                 }
                 if new == 0 {
-                    // Nothing to register: no lock, no file write.
+                    // Nothing to register: no lock.
+                    needs = Some(current.version());
                     return named
                         .iter()
                         .map(|&(n, k)| current.id_of(job, operator, n, k))
                         .collect();
                 }
-                lock()
-                    .register_all(job, operator, &named)
-                    .map_err(|(_, m)| m)
+                let (ids, version) = lock()
+                    .register_all_later(job, operator, &named)
+                    .map_err(|(_, m)| m)?;
+                needs = Some(version);
+                Ok(ids)
             };
-            match store.import_chunk(id, &cx.chunk[..], tok as u64, &mut resolve) {
+            let step = store.import_chunk(id, &cx.chunk[..], tok as u64, &mut resolve);
+            // Once its state ids are known (or it ends without naming any:
+            // nothing to wait for).
+            let finishing = matches!(step, Ok(ImportStep::Finishing));
+            if needs.is_some() || finishing {
+                let hold = cx.import.as_mut().and_then(|i| i.hold.take());
+                match (hold, needs) {
+                    (Some(h), Some(v)) if cx.view.saver().durable() < v => {
+                        cx.unsaved_imports.push((h, v));
+                    }
+                    (Some(h), _) => store.import_release(h),
+                    (None, _) => {}
+                }
+            }
+            match step {
                 Ok(ImportStep::Consumed) => {
                     cx.pending.remove(tok);
                     let imp = cx.import.as_mut().expect("set above");

@@ -36,7 +36,9 @@ pub use checkpoint::{
     CheckpointInfo, CheckpointSpec, MAX_UNCOMPLETED, Notify, Released, RestoreSpec, Restored,
     RestoredManifest,
 };
-pub use portable::{ExportSpec, Fill, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS};
+pub use portable::{
+    ExportSpec, Fill, ImportHold, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS,
+};
 pub use tier::{TierConfig, TierStats};
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -640,6 +642,8 @@ pub struct Store<I: Io> {
     job_serial: u64,
     imports: Slab<portable::Import>,
     next_import_file: u64,
+    /// The last import hold handed out (see `Store::import_hold`).
+    import_holds: u64,
     next_order: u64,
     next_segment_id: u64,
     retry_at: Option<Instant>,
@@ -1156,6 +1160,7 @@ impl<I: Io> Store<I> {
             job_serial: 0,
             imports: Slab::new(),
             next_import_file,
+            import_holds: 0,
             next_order,
             next_segment_id: next_id,
             retry_at: None,

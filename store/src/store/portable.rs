@@ -82,6 +82,10 @@ pub enum Fill {
     Chunk { len: usize, last: bool },
 }
 
+/// What holds an import back from its install (see [`Store::import_hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImportHold(u64);
+
 /// Gives the local ids of the states a snapshot's table names, in its
 /// order, or refuses them with the reason.
 pub type Resolve<'a> = dyn FnMut(&[StateDesc]) -> Result<Vec<u32>, String> + 'a;
@@ -212,6 +216,8 @@ pub(super) struct Import {
     decoded: Option<Decoded>,
     error: Option<StoreError>,
     cancelled: bool,
+    /// Not installed until released (see [`Store::import_hold`]).
+    held: Option<ImportHold>,
 }
 
 impl Export {
@@ -885,9 +891,32 @@ impl<I: Io> Store<I> {
             decoded: None,
             error: None,
             cancelled: false,
+            held: None,
         });
         self.rebalance_cache();
         Ok(id)
+    }
+
+    /// Holds import `id` back from its install, once its files are
+    /// written, until [`Store::import_release`] with what this returns:
+    /// the daemon holds an import whose state ids are not yet durable in
+    /// its registry.
+    pub fn import_hold(&mut self, id: usize) -> Option<ImportHold> {
+        let i = self.imports.get_mut(id)?;
+        self.import_holds += 1;
+        let h = ImportHold(self.import_holds);
+        i.held = Some(h);
+        Some(h)
+    }
+
+    /// Lets the import `hold` holds be installed (at once if its files are
+    /// written). An import that ended meanwhile is not another's: the hold
+    /// finds nothing.
+    pub fn import_release(&mut self, hold: ImportHold) {
+        if let Some((_, i)) = self.imports.iter_mut().find(|(_, i)| i.held == Some(hold)) {
+            i.held = None;
+            self.step_imports();
+        }
     }
 
     /// Checks one chunk of import `id` and writes its records. `resolve`
@@ -1050,11 +1079,12 @@ impl<I: Io> Store<I> {
                 self.done.push_back((token, Err(e)));
                 continue;
             }
-            if imp
-                .writers
-                .iter()
-                .zip(&imp.complete)
-                .all(|(w, c)| w.is_none() || *c)
+            if imp.held.is_none()
+                && imp
+                    .writers
+                    .iter()
+                    .zip(&imp.complete)
+                    .all(|(w, c)| w.is_none() || *c)
             {
                 let imp = self.imports.remove(k);
                 let r = self.install_import(imp);
