@@ -444,12 +444,8 @@ impl Sim {
     }
 
     fn add_state(&mut self, sid: u64, operator: &str, name: &str, k: u8) -> u32 {
-        let store_id = self
-            .registry
-            .lock()
-            .unwrap()
-            .register_all(JOB, operator, &[(name, k)])
-            .unwrap()[0];
+        let store_id =
+            Registry::register_durably(&self.registry, JOB, operator, &[(name, k)]).unwrap()[0];
         let (reply, rx) = crossbeam_channel::bounded(1);
         let kind = if k == kind::MAP {
             StateKind::Map

@@ -285,11 +285,7 @@ pub(crate) fn register(ctx: &Ctx, o: &mut Open, k: u8, name: &str) -> Result<u32
             format!("the session already has {max_states} states (session.max_states)"),
         ));
     }
-    let store_id = ctx
-        .registry
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .register(&o.job, &o.operator, name, k)?;
+    let store_id = Registry::register_durably(&ctx.registry, &o.job, &o.operator, &[(name, k)])?[0];
     o.names.insert(name.to_string());
     let (tx, rx) = crossbeam_channel::bounded(1);
     ctx.shards[o.shard].send(ShardMsg::AddState {

@@ -236,11 +236,18 @@ impl Daemon {
                 shard: usize::MAX,
                 msg: format!("cannot start the janitor: {e}"),
             }),
-            Ok(j) => StatusServer::start(ctx.clone(), started)
-                .map(|s| (j, s))
-                .map_err(path_err("cannot serve the status socket", &status_path)),
+            Ok(j) => start_saver(ctx.clone())
+                .map_err(|e| StartError::Shard {
+                    shard: usize::MAX,
+                    msg: format!("cannot start the registry's saver: {e}"),
+                })
+                .and_then(|saver| {
+                    StatusServer::start(ctx.clone(), started)
+                        .map(|s| (j, saver, s))
+                        .map_err(path_err("cannot serve the status socket", &status_path))
+                }),
         };
-        let (janitor, status) = match begun {
+        let (janitor, saver, status) = match begun {
             Ok(b) => b,
             Err(e) => {
                 // Nothing serves yet: undo what was started.
@@ -255,10 +262,6 @@ impl Daemon {
                 return Err(e);
             }
         };
-        let saver = start_saver(ctx.clone()).map_err(|e| StartError::Shard {
-            shard: usize::MAX,
-            msg: format!("cannot start the registry's saver: {e}"),
-        })?;
         let c = ctx.clone();
         let acceptor = std::thread::Builder::new()
             .name("statord-control".into())
@@ -364,7 +367,8 @@ impl Daemon {
 /// Starts the thread that saves the registrations shards make for
 /// imports ([`Registry::save_pending`]) and wakes the shards once they
 /// are durable (an import waits for that before its install); a failed
-/// save is retried each second. It saves once more when `stop` is set.
+/// save is retried each second. It saves once more when `stop` is set,
+/// and stops within a second when `stop` is dropped (a failed start).
 fn start_saver(ctx: Arc<Ctx>) -> std::io::Result<(Arc<AtomicBool>, JoinHandle<()>)> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -378,7 +382,7 @@ fn start_saver(ctx: Arc<Ctx>) -> std::io::Result<(Arc<AtomicBool>, JoinHandle<()
                         h.bell.ring();
                     }
                 }
-                if stopping {
+                if stopping || Arc::strong_count(&s) == 1 {
                     return;
                 }
                 ctx.registry_view.saver().wait(Duration::from_secs(1));

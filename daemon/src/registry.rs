@@ -426,58 +426,47 @@ impl Registry {
         self.owned_by(job, uid).map(|_| ())
     }
 
-    /// The store-wide id of a state, registering it (durably) if new.
-    pub(crate) fn register(
-        &mut self,
-        job: &str,
-        op: &str,
-        name: &str,
-        k: u8,
-    ) -> Result<u32, (i32, String)> {
-        self.register_all(job, op, &[(name, k)]).map(|ids| ids[0])
-    }
-
     /// The store-wide ids of states of one operator, registering the new
-    /// ones with one durable save (all or none): what the states hold is
-    /// durable when it returns, earlier registrations not saved yet
-    /// included.
-    pub fn register_all(
-        &mut self,
+    /// ones (all or none), durable when it returns (earlier registrations
+    /// not saved yet with them). The registry's lock is not held while
+    /// the file is written: a shard registering an import's names never
+    /// waits for it. A failed save is refused with the reason; the names
+    /// stay registered in memory, saved by the next save that succeeds.
+    pub fn register_durably(
+        registry: &Mutex<Registry>,
         job: &str,
         op: &str,
         states: &[(&str, u8)],
-    ) -> Result<Vec<u32>, (i32, String)> {
-        let before = (self.entries.len(), self.next_id);
-        let ids = self.add_all(job, op, states)?;
-        let added = self.entries.len() > before.0;
-        if self.version > self.view.saver.durable()
-            && let Err(e) = self.save()
-        {
-            if added {
-                self.undo_to(before);
-            }
+    ) -> Result<Vec<u32>, Refusal> {
+        let (ids, version, saver) = {
+            let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+            let (ids, version) = r.register_all_later(job, op, states)?;
+            (ids, version, r.view.saver.clone())
+        };
+        if saver.durable() < version {
+            Registry::save_pending(registry);
+        }
+        if saver.durable() < version {
+            let why = saver.failure().unwrap_or_default();
             return Err((
                 status::INTERNAL,
-                format!("cannot save the state registry: {e}"),
+                format!("cannot save the state registry: {why}"),
             ));
-        }
-        // Published once durable: no shard sees an id that could be undone.
-        if added {
-            self.view.publish(&self.entries, self.next_id, self.version);
         }
         Ok(ids)
     }
 
-    /// As [`Registry::register_all`] but saved later, off the caller's
-    /// thread (a shard's: see [`Saver`]): the ids, and the version
-    /// whose durability (`Saver::durable`) makes them safe to install
-    /// state under.
+    /// The ids of states of one operator, registering the new ones in
+    /// memory (all or none) and publishing them; saved later, off the
+    /// caller's thread (a shard's: see [`Saver`]). Also returns the
+    /// version whose durability (`Saver::durable`) makes them safe to
+    /// install state under.
     pub fn register_all_later(
         &mut self,
         job: &str,
         op: &str,
         states: &[(&str, u8)],
-    ) -> Result<(Vec<u32>, u64), (i32, String)> {
+    ) -> Result<(Vec<u32>, u64), Refusal> {
         let before = self.entries.len();
         let ids = self.add_all(job, op, states)?;
         if self.entries.len() > before {
@@ -489,14 +478,17 @@ impl Registry {
         Ok((ids, self.version))
     }
 
-    /// Forgets the registrations past the first `len` entries, and the
-    /// ids and version they took (never published).
-    fn undo_to(&mut self, (len, next_id): (usize, u32)) {
-        for e in self.entries.drain(len..) {
-            self.index.remove(&(e.job, e.operator, e.name));
-        }
-        self.next_id = next_id;
-        self.version -= 1;
+    /// [`Registry::register_durably`] for a registry the caller owns.
+    #[cfg(test)]
+    fn register(&mut self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, Refusal> {
+        let (ids, _) = self.register_all_later(job, op, &[(name, k)])?;
+        self.save().map_err(|e| {
+            (
+                status::INTERNAL,
+                format!("cannot save the state registry: {e}"),
+            )
+        })?;
+        Ok(ids[0])
     }
 
     /// Saves `states.json` if a registration made with
@@ -505,13 +497,22 @@ impl Registry {
     /// Whether it saved; a failure is logged and kept in the [`Saver`]
     /// (the next call tries again).
     pub fn save_pending(registry: &Mutex<Registry>) -> bool {
-        let (saver, path, version, bytes) = {
+        // Copied under the lock, encoded after it.
+        let (saver, path, version, next_id, entries) = {
             let r = registry.lock().unwrap_or_else(|p| p.into_inner());
             if r.version <= r.view.saver.durable() {
                 return false;
             }
-            (r.view.saver.clone(), r.path.clone(), r.version, r.encode())
+            let saver = r.view.saver.clone();
+            (
+                saver,
+                r.path.clone(),
+                r.version,
+                r.next_id,
+                r.entries.clone(),
+            )
         };
+        let bytes = encode_states(next_id, &entries);
         match saver.write(&path, version, &bytes) {
             Ok(()) => true,
             Err(e) => {
@@ -689,22 +690,17 @@ impl Registry {
         Ok(doomed.into_iter().collect())
     }
 
-    /// Writes `states.json` as it is now, durably (under the registry's
-    /// lock: the control side's registrations and drops).
+    /// Writes `states.json` as it is now, durably, under the registry's
+    /// lock (dropping idle jobs).
     fn save(&self) -> std::io::Result<()> {
-        self.view
-            .saver
-            .write(&self.path, self.version, &self.encode())
+        let bytes = encode_states(self.next_id, &self.entries);
+        self.view.saver.write(&self.path, self.version, &bytes)
     }
+}
 
-    /// `states.json`'s bytes for the states now.
-    fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(&StatesOut {
-            next_id: self.next_id,
-            states: &self.entries,
-        })
-        .expect("the states serialize")
-    }
+/// `states.json`'s bytes.
+fn encode_states(next_id: u32, states: &[RegEntry]) -> Vec<u8> {
+    serde_json::to_vec_pretty(&StatesOut { next_id, states }).expect("the states serialize")
 }
 
 /// Where each registration is in `entries`.
@@ -821,10 +817,7 @@ mod tests {
             .unwrap()
             .register_all_later("j", "op", &[("c", kind::LIST)])
             .unwrap();
-        reg.lock()
-            .unwrap()
-            .register("j", "op2", "d", kind::VALUE)
-            .unwrap();
+        Registry::register_durably(&reg, "j", "op2", &[("d", kind::VALUE)]).unwrap();
         let reopened = Registry::open(d.path()).unwrap().view().get();
         assert!(reopened.is_registered("j", "op", "c") && reopened.is_registered("j", "op2", "d"));
         assert!(!Registry::save_pending(&reg));
@@ -895,7 +888,7 @@ mod tests {
         let mut r = Registry::open(d.path()).unwrap();
         let view = r.view();
         let a = r.register("j", "op", "a", kind::VALUE).unwrap();
-        let b = r.register_all("j", "op", &[("b", kind::MAP)]).unwrap()[0];
+        let b = r.register("j", "op", "b", kind::MAP).unwrap();
         r.register("j", "other", "c", kind::LIST).unwrap();
         let reg = Mutex::new(r);
         let held = reg.lock().unwrap();

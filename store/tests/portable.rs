@@ -513,3 +513,41 @@ fn an_export_reads_frozen_memtables_without_waiting_for_their_flush() {
     }
     assert_eq!(value(&mut t, 8, 1, b"out"), None);
 }
+
+/// Issue 25 (review of c48d6fa): an import held back from its install
+/// (the daemon holds one until its state names are durable) is installed
+/// only once released; while held it does not count as pending, so a
+/// drain or a stop does not wait for it forever; and a hold that outlived
+/// its import does not release the next one in its slot.
+#[test]
+fn a_held_import_is_installed_only_once_released() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = open(d.path());
+    run(&mut s, Op::Put(kr(2, 1, b"k"), b"v")).unwrap();
+    let chunks = export_chunks(&mut s, export_spec(0, 3, vec![desc(1, "a")]), CHUNK_LEN).unwrap();
+    run(&mut s, Op::Put(kr(2, 1, b"k"), b"later")).unwrap();
+    let mut resolve = |_: &[StateDesc]| Ok(vec![1]);
+    // A hold whose import was cancelled finds nothing.
+    let gone = s.import_begin(import_spec(0, 3, vec![1])).unwrap();
+    let stale = s.import_hold(gone).unwrap();
+    s.import_cancel(gone);
+    settle_fully(&mut s);
+    let id = s.import_begin(import_spec(0, 3, vec![1])).unwrap();
+    let hold = s.import_hold(id).unwrap();
+    let mut last = ImportStep::Consumed;
+    for c in &chunks {
+        last = s.import_chunk(id, c, 9, &mut resolve).unwrap();
+    }
+    assert_eq!(last, ImportStep::Finishing);
+    s.import_release(stale);
+    settle_fully(&mut s);
+    assert_eq!(s.pending(), 0, "a held import is not pending");
+    let mut got = Vec::new();
+    s.poll(|t, r| got.push((t, r.is_ok())));
+    assert!(got.is_empty(), "installed while held: {got:?}");
+    assert_eq!(value(&mut s, 2, 1, b"k"), Some(b"later".to_vec()));
+    s.import_release(hold);
+    let r = common::wait_token(&mut s, 9).unwrap();
+    assert!(matches!(r, Owned::Imported(_)), "{r:?}");
+    assert_eq!(value(&mut s, 2, 1, b"k"), Some(b"v".to_vec()));
+}

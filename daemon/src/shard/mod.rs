@@ -984,10 +984,24 @@ impl<I: Io> Shard<I> {
         // (checkpoints, deletes, uploads); a compaction backlog waits for
         // the next start rather than holding the stop past systemd's
         // TimeoutStopSec.
+        // Imports held for the registry: saved here if the registry
+        // thread has not yet (a stop may block), then installed below.
+        if !self.unsaved_imports.is_empty() {
+            Registry::save_pending(&self.registry);
+            self.release_saved_imports();
+            if !self.unsaved_imports.is_empty() {
+                tracing::warn!(
+                    shard = self.id,
+                    imports = self.unsaved_imports.len(),
+                    "imports not installed: the state registry could not save their names"
+                );
+            }
+        }
         self.store.stop_compacting();
         self.store.flush();
         self.store.settle();
         self.answer_releases(true);
+        self.answer_restores();
         tracing::info!(
             shard = self.id,
             stats = ?self.stats,

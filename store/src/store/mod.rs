@@ -1223,7 +1223,7 @@ impl<I: Io> Store<I> {
                 offset: page,
                 what: m.0,
             })?;
-            let meta_off = footer.filter_off / ALIGN as u64 * ALIGN as u64;
+            let meta_off = tier::data_end(&footer);
             let meta_len = (page - meta_off) as usize;
             let meta = read_sync(io, file, meta_off, meta_len, path, others)?;
             Segment::from_parts(id, path.to_path_buf(), file, len, &fbuf, &meta, meta_off)

@@ -81,11 +81,13 @@ enum SlotState {
         len: u64,
         page: u64,
     },
-    /// Its metadata, from `meta_off` to the footer page, is being read.
+    /// Its metadata, `meta_len` bytes from `meta_off` to the footer page,
+    /// is being read.
     Meta {
         len: u64,
         footer: AlignedBuf,
         meta_off: u64,
+        meta_len: usize,
     },
     Open(Segment),
     /// Failed (its file closed), or not begun.
@@ -180,7 +182,12 @@ impl<I: Io> Store<I> {
             }
             self.drive_io();
             if !self.restored.iter().any(|r| r.0 == SYNC_RESTORE) {
-                self.wait(Some(Duration::from_millis(100)))?;
+                // Not `Store::wait`: it returns at once while requests'
+                // results wait to be polled. (A failed wait is tried again:
+                // the restore must end here, not in a later call.)
+                let remote = self.tier.as_ref().is_some_and(|t| t.outstanding() > 0);
+                let ms = if remote { 1 } else { 100 };
+                let _ = self.io.wait(Some(Duration::from_millis(ms)));
             }
         }
     }
@@ -281,11 +288,12 @@ impl<I: Io> Store<I> {
             .take()
             .and_then(|f| f.lock().unwrap_or_else(|p| p.into_inner()).take());
         match done {
-            Some(Ok(names)) => {
+            Some((names, Ok(()))) => {
                 self.note_fetched(names);
                 let _ = self.begin_opening(o, false);
             }
-            Some(Err(e)) => {
+            Some((names, Err(e))) => {
+                self.note_fetched(names);
                 o.failed = Some(e);
                 self.finish_opening(o);
             }
@@ -395,10 +403,11 @@ impl<I: Io> Store<I> {
         let token = self.opening_token(o.serial, i);
         let failed = o.failed.is_some();
         let s = &mut o.slots[i];
-        let (Some(file), state) = (s.file, std::mem::replace(&mut s.state, SlotState::Closed))
-        else {
+        // (A slot reads only while it holds its file.)
+        let Some(file) = s.file else {
             return Ok(());
         };
+        let state = std::mem::replace(&mut s.state, SlotState::Closed);
         match state {
             SlotState::Footer { len, page } => {
                 let fbuf = s.read(c, ALIGN, page)?;
@@ -409,17 +418,19 @@ impl<I: Io> Store<I> {
                 }
                 let footer =
                     format::Footer::decode(&fbuf, len).map_err(|m| s.corrupt(page, m.0))?;
-                let meta_off = footer.filter_off / ALIGN as u64 * ALIGN as u64;
+                let meta_off = tier::data_end(&footer);
                 let meta_len = page
                     .checked_sub(meta_off)
                     .filter(|&n| n > 0)
-                    .ok_or_else(|| s.corrupt(page, "metadata offset past the footer"))?;
-                let buf = AlignedBuf::zeroed(meta_len as usize);
+                    .ok_or_else(|| s.corrupt(page, "metadata offset past the footer"))?
+                    as usize;
+                let buf = AlignedBuf::zeroed(meta_len);
                 self.io.read(file, meta_off, buf, token);
                 s.state = SlotState::Meta {
                     len,
                     footer: fbuf,
                     meta_off,
+                    meta_len,
                 };
                 o.reads += 1;
                 Ok(())
@@ -428,12 +439,12 @@ impl<I: Io> Store<I> {
                 len,
                 footer,
                 meta_off,
+                meta_len,
             } => {
-                let meta = s.read(c, (len - ALIGN as u64 - meta_off) as usize, meta_off)?;
+                let meta = s.read(c, meta_len, meta_off)?;
                 let path = s.path.clone();
                 let seg = Segment::from_parts(s.id, path, file, len, &footer, &meta, meta_off)?;
                 s.file = None;
-                self.note_remote(&seg);
                 s.state = SlotState::Open(seg);
                 self.check_len(o, i)
             }
@@ -463,17 +474,33 @@ impl<I: Io> Store<I> {
                 }
                 Err(e)
             }
-            None => Ok(o
+            // (Not reached: an opening without a failure opened every
+            // slot.)
+            None if o
                 .slots
-                .into_iter()
-                .map(|s| match s.state {
-                    SlotState::Open(mut seg) => {
+                .iter()
+                .any(|s| !matches!(s.state, SlotState::Open(_))) =>
+            {
+                for s in &mut o.slots {
+                    s.close(&mut self.io);
+                }
+                Err(StoreError::Restore(
+                    "a checkpoint segment was not opened".into(),
+                ))
+            }
+            None => {
+                let mut segs = Vec::with_capacity(o.slots.len());
+                for s in o.slots {
+                    if let SlotState::Open(mut seg) = s.state {
+                        // Remote, as the tier knows it now (its eviction
+                        // may have punched the file since the reads).
+                        self.note_remote(&seg);
                         seg.clip = Some(s.clip);
-                        seg
+                        segs.push(seg);
                     }
-                    _ => unreachable!("an opening without a failure opened every slot"),
-                })
-                .collect::<Vec<Segment>>()),
+                }
+                Ok(segs)
+            }
         };
         match o.purpose {
             Purpose::Restore { token, states } => {

@@ -528,9 +528,10 @@ impl Import {
         self.writers.iter().flatten().any(|w| !w.idle())
     }
 
-    /// After its last chunk, until installed.
+    /// After its last chunk, until installed (not while held: what
+    /// releases it is the caller's, see [`Store::import_hold`]).
     pub(super) fn finishing(&self) -> bool {
-        self.token.is_some() && !self.cancelled
+        self.token.is_some() && !self.cancelled && self.held.is_none()
     }
 }
 

@@ -667,7 +667,8 @@ pub(super) fn prepare(
         let (empty, missing): (Vec<_>, Vec<_>) =
             missing.into_iter().partition(|(_, r)| r.is_empty());
         for (name, _) in &empty {
-            write_durably(&dir.join(name), &[], 0).map_err(dir_err)?;
+            let path = dir.join(name);
+            write_durably(&path, &path.with_extension("part"), &[], 0).map_err(dir_err)?;
         }
         for ((name, _), got) in missing.iter().zip(tier.remote.fetcher().get_all(&missing)) {
             let bytes = match got {
@@ -677,7 +678,9 @@ pub(super) fn prepare(
                 Err(RemoteError::NotFound { .. }) => continue,
                 Err(e) => return Err(unreachable(e)),
             };
-            write_durably(&dir.join(name), &[(0, &bytes)], bytes.len() as u64).map_err(dir_err)?;
+            let path = dir.join(name);
+            let tmp = path.with_extension("part");
+            write_durably(&path, &tmp, &[(0, &bytes)], bytes.len() as u64).map_err(dir_err)?;
         }
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
@@ -687,21 +690,23 @@ pub(super) fn prepare(
     Ok((tier, listed))
 }
 
-/// Writes `parts` (offset, bytes) into a new file of `len` bytes at `path`
-/// (through a temporary name, synced, then renamed).
 /// What a fetch of metadata ([`Store::fetch_metadata`]) did: the segments
-/// it wrote, or why it failed. Empty until it ends.
-pub(super) type Fetched = Arc<std::sync::Mutex<Option<Result<Vec<String>, StoreError>>>>;
+/// it wrote, and whether it failed. Empty until it ends.
+pub(super) type Fetched = Arc<std::sync::Mutex<Option<(Vec<String>, Result<(), StoreError>)>>>;
 
 /// Fetches the footer page, then the metadata, of each segment `missing`
 /// names (every GET of a round in flight at once), and writes each as a
-/// sparse file under [`FETCHED_DIR`], durably. Blocks: on the remote
-/// runtime's blocking pool only.
+/// sparse file under [`FETCHED_DIR`], durably, through a temporary name
+/// of its own (`tag`: two restores may fetch one segment at once; the
+/// files they rename are the same bytes). Blocks: on the remote runtime's
+/// blocking pool only. What it wrote goes in `written`, also on an error.
 fn fetch_metadata(
     f: &Fetcher,
     dir: &Path,
     missing: &[(String, u64)],
-) -> Result<Vec<String>, StoreError> {
+    tag: u64,
+    written: &mut Vec<String>,
+) -> Result<(), StoreError> {
     let refuse = |n: &str, what: String| {
         StoreError::Restore(format!(
             "segment {n} is not on the local disk and the remote tier cannot supply it: {what}"
@@ -736,12 +741,13 @@ fn fetch_metadata(
         metas.push((n.clone(), meta_off..*len - ALIGN as u64));
         parsed.push((page, meta_off));
     }
-    let mut written = Vec::new();
     for (((n, len), meta), (page, meta_off)) in missing.iter().zip(f.get_all(&metas)).zip(parsed) {
         let meta = meta.map_err(|e| fetch_failed(n, e))?;
         let path = fetched.join(n);
+        let tmp = path.with_extension(format!("part{tag}"));
         write_durably(
             &path,
+            &tmp,
             &[(meta_off, &meta[..]), (*len - ALIGN as u64, &page[..])],
             *len,
         )
@@ -750,20 +756,20 @@ fn fetch_metadata(
     }
     std::fs::File::open(&fetched)
         .and_then(|d| d.sync_all())
-        .map_err(|e| StoreError::io(&fetched, "fsync directory", &e))?;
-    Ok(written)
+        .map_err(|e| StoreError::io(&fetched, "fsync directory", &e))
 }
 
-fn write_durably(path: &Path, parts: &[(u64, &[u8])], len: u64) -> std::io::Result<()> {
+/// Writes `parts` (offset, bytes) into a new file of `len` bytes at `path`
+/// (through the temporary name `tmp`, synced, then renamed).
+fn write_durably(path: &Path, tmp: &Path, parts: &[(u64, &[u8])], len: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let tmp = path.with_extension("part");
-    let f = std::fs::File::create(&tmp)?;
+    let f = std::fs::File::create(tmp)?;
     f.set_len(len)?;
     for (off, b) in parts {
         f.write_all_at(b, *off)?;
     }
     f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(tmp, path)
 }
 
 impl<I: Io> Store<I> {
@@ -884,8 +890,9 @@ impl<I: Io> Store<I> {
         let fetcher = tier.remote.fetcher();
         let what = dir.join(FETCHED_DIR).display().to_string();
         tier.remote.local_task(token, what, move || {
-            let r = fetch_metadata(&fetcher, &dir, &missing);
-            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            let mut written = Vec::new();
+            let r = fetch_metadata(&fetcher, &dir, &missing, token, &mut written);
+            *out.lock().unwrap_or_else(|p| p.into_inner()) = Some((written, r));
             Ok(RemoteDone::Ran)
         });
         Some(slot)
