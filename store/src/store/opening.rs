@@ -181,7 +181,7 @@ impl<I: Io> Store<I> {
                 return self.restored.remove(i).expect("found").1;
             }
             self.drive_io();
-            if !self.restored.iter().any(|r| r.0 == SYNC_RESTORE) {
+            if self.completions.is_empty() && !self.restored.iter().any(|r| r.0 == SYNC_RESTORE) {
                 // Not `Store::wait`: it returns at once while requests'
                 // results wait to be polled. (A failed wait is tried again:
                 // the restore must end here, not in a later call.)
@@ -194,8 +194,8 @@ impl<I: Io> Store<I> {
 
     /// Opens every segment `manifests` name that holds key groups of
     /// `lo..=hi`, each with its manifest clip narrowed to that range, for
-    /// `purpose`, as opening `serial`. An error before any read is in flight refuses it at once,
-    /// every file opened so far closed.
+    /// `purpose`, as opening `serial`. An error before any read is in
+    /// flight refuses it at once, every file opened so far closed.
     pub(super) fn open_layers(
         &mut self,
         serial: u64,
