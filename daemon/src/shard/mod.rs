@@ -980,10 +980,6 @@ impl<I: Io> Shard<I> {
             // Clients sleeping for completions see `closing` now.
             s.to_client.ring();
         }
-        // A stop flushes the memtables and finishes what was promised
-        // (checkpoints, deletes, uploads); a compaction backlog waits for
-        // the next start rather than holding the stop past systemd's
-        // TimeoutStopSec.
         // Imports held for the registry: saved here if the registry
         // thread has not yet (a stop may block), then installed below.
         if !self.unsaved_imports.is_empty() {
@@ -997,6 +993,10 @@ impl<I: Io> Shard<I> {
                 );
             }
         }
+        // A stop flushes the memtables and finishes what was promised
+        // (checkpoints, deletes, uploads); a compaction backlog waits for
+        // the next start rather than holding the stop past systemd's
+        // TimeoutStopSec.
         self.store.stop_compacting();
         self.store.flush();
         self.store.settle();
