@@ -252,15 +252,12 @@ pub(super) fn snapshot_op<I: Io>(
             // Once its state ids are known (or it ends without naming any:
             // nothing to wait for).
             let finishing = matches!(step, Ok(ImportStep::Finishing));
-            if needs.is_some() || finishing {
-                let hold = cx.import.as_mut().and_then(|i| i.hold.take());
-                match (hold, needs) {
-                    (Some(h), Some(v)) if cx.view.saver().durable() < v => {
-                        cx.unsaved_imports.push((h, v));
-                    }
-                    (Some(h), _) => store.import_release(h),
-                    (None, _) => {}
-                }
+            // The shard releases it (`Shard::release_saved_imports`, later
+            // in this pass) once that version is durable.
+            if (needs.is_some() || finishing)
+                && let Some(h) = cx.import.as_mut().and_then(|i| i.hold.take())
+            {
+                cx.unsaved_imports.push((h, needs.unwrap_or(0)));
             }
             match step {
                 Ok(ImportStep::Consumed) => {

@@ -489,11 +489,7 @@ fn merged_record<'a>(
 }
 
 impl Export {
-    fn new(
-        spec: &ExportSpec,
-        layers: Vec<(u64, Captured, Clip)>,
-        files: Vec<crate::io::FileId>,
-    ) -> Export {
+    fn new(spec: &ExportSpec, layers: Vec<(u64, Captured, Clip)>) -> Export {
         Export {
             enc: ChunkEncoder::new(spec.snapshot_id),
             layers,
@@ -510,7 +506,7 @@ impl Export {
             finished: false,
             cancelled: false,
             error: None,
-            files,
+            files: Vec::new(),
             opening: None,
             reserve: 0,
             window: 0,
@@ -580,7 +576,7 @@ impl<I: Io> Store<I> {
                 layers.len()
             )));
         }
-        let mut e = Export::new(&spec, layers, Vec::new());
+        let mut e = Export::new(&spec, layers);
         (e.reserve, e.window) = (reserve, window);
         let id = self.exports.insert(e);
         self.rebalance_cache();
@@ -681,7 +677,7 @@ impl<I: Io> Store<I> {
         self.admit(reserve, "an export")?;
         // It waits for its layers (see `export_fill`).
         let serial = self.next_opening();
-        let mut e = Export::new(&spec, Vec::new(), Vec::new());
+        let mut e = Export::new(&spec, Vec::new());
         (e.reserve, e.window, e.opening) = (reserve, window, Some(serial));
         let id = self.exports.insert(e);
         let states = spec.states.iter().map(|s| s.id).collect();

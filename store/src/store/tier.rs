@@ -700,7 +700,7 @@ pub(super) type Fetched = Arc<std::sync::Mutex<Option<(Vec<String>, Result<(), S
 /// of its own (`tag`: two restores may fetch one segment at once; the
 /// files they rename are the same bytes). Blocks: on the remote runtime's
 /// blocking pool only. What it wrote goes in `written`, also on an error.
-fn fetch_metadata(
+fn fetch_and_write_metadata(
     f: &Fetcher,
     dir: &Path,
     missing: &[(String, u64)],
@@ -891,7 +891,7 @@ impl<I: Io> Store<I> {
         let what = dir.join(FETCHED_DIR).display().to_string();
         tier.remote.local_task(token, what, move || {
             let mut written = Vec::new();
-            let r = fetch_metadata(&fetcher, &dir, &missing, token, &mut written);
+            let r = fetch_and_write_metadata(&fetcher, &dir, &missing, token, &mut written);
             *out.lock().unwrap_or_else(|p| p.into_inner()) = Some((written, r));
             Ok(RemoteDone::Ran)
         });
