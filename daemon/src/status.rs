@@ -879,6 +879,7 @@ impl Collector for Gathered {
                 ("block_cache", mem.block_cache),
                 ("indexes_and_filters", mem.indexes_and_filters),
                 ("background", mem.background),
+                ("checkpoints", mem.checkpoints),
             ] {
                 let v = v as u64;
                 m.encode_family(&[("part", part)])?.encode_gauge(&v)?;

@@ -78,6 +78,11 @@ pub struct Memory {
     /// What flushes and compactions in progress may hold (write buffers,
     /// sorts, read-ahead).
     pub background_bytes: u64,
+    /// Checkpoint manifests kept in memory (retained ones and those being
+    /// written), with the engine's metadata in each. Absent from an older
+    /// statord.
+    #[serde(default)]
+    pub checkpoints_bytes: u64,
     /// The log bytes the active memtables freeze at (summed over shards):
     /// the configured size, or less where indexes, filters and background
     /// work leave less of the budget for memtables. Absent from an older
@@ -95,6 +100,7 @@ impl From<&stator_store::MemoryUsage> for Memory {
             block_cache_bytes: m.block_cache as u64,
             indexes_and_filters_bytes: m.indexes_and_filters as u64,
             background_bytes: m.background as u64,
+            checkpoints_bytes: m.checkpoints as u64,
             memtable_limit_bytes: m.memtable_limit as u64,
         }
     }

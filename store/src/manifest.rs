@@ -131,6 +131,18 @@ pub struct Manifest {
     pub layers: Vec<LayerRef>,
 }
 
+impl Manifest {
+    /// The memory it holds (an estimate: its allocations' capacities).
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Manifest>()
+            + self.owner.capacity()
+            + self.states.capacity() * std::mem::size_of::<u32>()
+            + self.meta.capacity()
+            + self.layers.capacity() * std::mem::size_of::<LayerRef>()
+            + self.layers.iter().map(|l| l.name.capacity()).sum::<usize>()
+    }
+}
+
 pub const MANIFEST_MAGIC: [u8; 8] = *b"STATORMF";
 pub const MANIFEST_VERSION: u16 = 1;
 pub const HANDLE_MAGIC: [u8; 4] = *b"STCH";

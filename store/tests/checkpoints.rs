@@ -689,6 +689,34 @@ fn released_checkpoints_go_for_their_owner_only() {
     );
 }
 
+/// Retained manifests are held in memory with the engine's metadata in
+/// each (restores and exports read them there): the budget counts them,
+/// from the checkpoint's end to its release, and after a reopen too.
+#[test]
+fn retained_manifests_count_against_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    run(&mut s, Op::Put(kr(&(0usize, 1u16, 0u8), 0), b"v")).unwrap();
+    assert_eq!(s.memory().checkpoints, 0, "none yet");
+    let meta = 256 << 10;
+    let h = checkpoint(
+        &mut s,
+        CheckpointSpec {
+            meta: vec![7; meta],
+            ..whole(1)
+        },
+    )
+    .unwrap();
+    let m = s.memory();
+    assert!(m.checkpoints >= meta, "{m:?}");
+    assert!(m.total() >= m.indexes_and_filters + m.checkpoints, "{m:?}");
+    drop(s);
+    let mut s = open(dir.path(), false, || SyncIo::new(true));
+    assert!(s.memory().checkpoints >= meta, "read back at open");
+    assert_eq!(s.release_checkpoints(OWNERS[0], &[&h]).unwrap().count, 1);
+    assert_eq!(s.memory().checkpoints, 0, "released");
+}
+
 /// Polls until restore `token` ends (within 60 s).
 fn restored<I: Io>(s: &mut Store<I>, token: u64) -> Result<stator_store::Restored, StoreError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

@@ -461,13 +461,14 @@ fn print_status(s: &Status) {
         s.requests, s.in_flight, s.errors.request_errors
     );
     println!(
-        "memory     {} of {} ({:.0}%): memtables {}, block cache {}, indexes and filters {}",
+        "memory     {} of {} ({:.0}%): memtables {}, block cache {}, indexes and filters {}, checkpoints {}",
         bytes(m.used_bytes),
         bytes(budget),
         m.used_bytes as f64 * 100.0 / budget as f64,
         bytes(m.memtables_bytes),
         bytes(m.block_cache_bytes),
-        bytes(m.indexes_and_filters_bytes)
+        bytes(m.indexes_and_filters_bytes),
+        bytes(m.checkpoints_bytes)
     );
     let d = &s.disk;
     println!(

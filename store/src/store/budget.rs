@@ -44,6 +44,7 @@ impl<I: Io> Store<I> {
                 .sum::<usize>()
                 + self.cache.slot_bytes(),
             background: self.background_bytes(),
+            checkpoints: self.ckpt.memory_bytes(),
             budget: self.cfg.memory_budget,
             memtable_limit: self.memtable_limit,
         }
@@ -119,7 +120,7 @@ impl<I: Io> Store<I> {
             .compact
             .as_ref()
             .map_or(self.compaction_wanted, |j| j.reserve);
-        let fixed = m.indexes_and_filters
+        let fixed = m.resident_metadata()
             + 2 * segment::WRITER_BYTES
             + compaction
             + self.snapshot_reserves()
@@ -175,7 +176,7 @@ impl<I: Io> Store<I> {
         // and a compaction waited forever on an idle store.
         let held = m.memtables.saturating_sub(self.reuse.chunk_bytes());
         let need = self.memtable_plan().max(held)
-            + m.indexes_and_filters
+            + m.resident_metadata()
             + m.background
             + segment::WRITER_BYTES
             + reserve
@@ -218,7 +219,7 @@ impl<I: Io> Store<I> {
         let growth = self
             .memtable_limit
             .saturating_sub(self.active.log_bytes() + self.reuse.chunk_bytes());
-        let others = m.memtables + growth + m.indexes_and_filters + m.background;
+        let others = m.memtables + growth + m.resident_metadata() + m.background;
         let left = self.cfg.memory_budget.saturating_sub(others);
         self.cache
             .set_budget(self.cfg.block_cache_max.map_or(left, |m| m.min(left)));

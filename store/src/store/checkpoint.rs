@@ -163,6 +163,8 @@ struct Pending {
 #[derive(Default)]
 pub(super) struct Checkpoints {
     retained: BTreeMap<u64, Retained>,
+    /// What the retained manifests hold in memory.
+    retained_bytes: usize,
     /// Segment file name -> retained and in-progress checkpoints naming it.
     pins: HashMap<String, u32>,
     next_seq: u64,
@@ -251,7 +253,33 @@ impl Checkpoints {
         for f in r.files() {
             *self.pins.entry(f.clone()).or_default() += 1;
         }
-        self.retained.insert(seq, r);
+        self.retain(seq, r);
+    }
+
+    /// Keeps `r` (its files pinned already).
+    fn retain(&mut self, seq: u64, r: Retained) {
+        self.retained_bytes += r.m.memory_bytes();
+        if let Some(old) = self.retained.insert(seq, r) {
+            self.retained_bytes -= old.m.memory_bytes();
+        }
+    }
+
+    /// Stops keeping manifest `seq` (its files still pinned).
+    fn unretain(&mut self, seq: u64) -> Option<Retained> {
+        let r = self.retained.remove(&seq)?;
+        self.retained_bytes -= r.m.memory_bytes();
+        Some(r)
+    }
+
+    /// What manifests hold in memory: retained ones and those being
+    /// written.
+    pub(super) fn memory_bytes(&self) -> usize {
+        self.retained_bytes
+            + self
+                .pending
+                .iter()
+                .map(|(_, p)| p.manifest.memory_bytes())
+                .sum::<usize>()
     }
 
     /// Whether a retained or in-progress checkpoint names `file`.
@@ -643,7 +671,7 @@ impl<I: Io> Store<I> {
     fn finish_checkpoint(&mut self, k: usize) {
         let p = self.ckpt.pending.remove(k);
         let m = p.manifest;
-        self.ckpt.retained.insert(
+        self.ckpt.retain(
             m.seq,
             Retained {
                 m: Rc::new(m),
@@ -867,7 +895,7 @@ impl<I: Io> Store<I> {
     /// The two files whose unlinks are in flight (none when `seq` is not
     /// retained).
     fn delete_manifest(&mut self, seq: u64) -> Vec<PathBuf> {
-        let Some(r) = self.ckpt.retained.remove(&seq) else {
+        let Some(r) = self.ckpt.unretain(seq) else {
             return Vec::new();
         };
         // (Through the I/O layer: a failure is counted, the shard does

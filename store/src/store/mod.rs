@@ -163,6 +163,10 @@ pub struct MemoryUsage {
     /// last flush's sort buffers kept for the next, and portable exports
     /// and imports (read-ahead, write buffers): an upper estimate.
     pub background: usize,
+    /// Checkpoint manifests kept in memory (retained ones, which restores
+    /// and exports read, and those being written), with the engine's
+    /// metadata in each.
+    pub checkpoints: usize,
     pub budget: usize,
     /// The log bytes the active memtable freezes at: the configured
     /// size, or less where indexes, filters and background work leave
@@ -172,7 +176,17 @@ pub struct MemoryUsage {
 
 impl MemoryUsage {
     pub fn total(&self) -> usize {
-        self.memtables + self.block_cache + self.indexes_and_filters + self.background
+        self.memtables
+            + self.block_cache
+            + self.indexes_and_filters
+            + self.background
+            + self.checkpoints
+    }
+
+    /// Memory the budget holds apart before it plans memtables and the
+    /// cache: indexes and filters, and checkpoint manifests.
+    pub(crate) fn resident_metadata(&self) -> usize {
+        self.indexes_and_filters + self.checkpoints
     }
 }
 
@@ -186,6 +200,7 @@ impl std::ops::Add for MemoryUsage {
             block_cache: self.block_cache + o.block_cache,
             indexes_and_filters: self.indexes_and_filters + o.indexes_and_filters,
             background: self.background + o.background,
+            checkpoints: self.checkpoints + o.checkpoints,
             budget: self.budget + o.budget,
             memtable_limit: self.memtable_limit + o.memtable_limit,
         }
