@@ -58,7 +58,7 @@ impl Ctx {
         })
     }
 
-    /// A session of `job` is gone (see [`Registry::enter`]).
+    /// A session of `job` is gone (see [`Registry::open_session`]).
     fn leave(&self, job: &str) {
         self.registry
             .lock()
@@ -208,11 +208,7 @@ pub(crate) fn open(
             format!("{} sessions are open (max_sessions)", cfg.max_sessions),
         ));
     }
-    if let Err(r) = {
-        let mut reg = ctx.registry.lock().unwrap_or_else(|p| p.into_inner());
-        // Under one lock: a job is never dropped while it opens.
-        reg.claim(job, uid).map(|()| reg.enter(job))
-    } {
+    if let Err(r) = Registry::open_session(&ctx.registry, job, uid) {
         ctx.sessions.fetch_sub(1, Ordering::AcqRel);
         ctx.give_uid_slot(uid);
         return Err(r);

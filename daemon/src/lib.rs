@@ -414,26 +414,15 @@ fn janitor(ctx: &Ctx, stop: &crossbeam_channel::Receiver<()>) {
         let Some(retained) = retained(ctx, started) else {
             continue;
         };
-        let dropped = ctx
-            .registry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drop_idle(after, &retained);
-        match dropped {
-            Ok(jobs) => {
-                ctx.jobs_dropped
-                    .fetch_add(jobs.len() as u64, Ordering::Relaxed);
-                for job in jobs {
-                    tracing::info!(
-                        job,
-                        idle_secs = after.as_secs(),
-                        "job dropped: no session and no retained checkpoint; its names are forgotten and compaction reclaims its state"
-                    );
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot drop idle jobs: the registry could not be saved; retried");
-            }
+        let jobs = Registry::drop_idle(&ctx.registry, after, &retained);
+        ctx.jobs_dropped
+            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        for job in jobs {
+            tracing::info!(
+                job,
+                idle_secs = after.as_secs(),
+                "job dropped: no session and no retained checkpoint; its names are forgotten and compaction reclaims its state"
+            );
         }
     }
 }

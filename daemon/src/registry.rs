@@ -50,6 +50,21 @@ pub struct Registry {
     /// Changes to the states (names, next id) since the registry was
     /// opened: `states.json` holds [`Saver::durable`] of them.
     version: u64,
+    /// The state ids dropped as `states.json` holds them durably: what
+    /// shards may let compaction leave out. A drop's ids join it only once
+    /// the file without their names is durable, so that a crash never
+    /// brings back names whose records are gone.
+    dropped: Arc<DroppedStates>,
+    /// Jobs dropped in memory, and the states version whose save makes
+    /// the drop durable: such a job is claimed again only after it.
+    dropping: HashMap<String, u64>,
+    /// Writes of `jobs.json`, in order, outside the registry's lock.
+    jobs_saver: Arc<Saver>,
+    /// Changes to the owners since the registry was opened.
+    jobs_version: u64,
+    /// Jobs claimed in memory, and the owners version whose save makes the
+    /// claim durable: every session of such a job waits for it.
+    claimed: HashMap<String, u64>,
 }
 
 /// Writes of `states.json`, in order: a registration an import makes on a
@@ -182,9 +197,9 @@ impl RegistryView {
         &self.saver
     }
 
-    fn publish(&self, entries: &[RegEntry], next_id: u32, version: u64) {
+    fn publish(&self, entries: &[RegEntry], version: u64, dropped: &Arc<DroppedStates>) {
         let mut v = RegView {
-            dropped: Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id))),
+            dropped: dropped.clone(),
             version,
             ..RegView::default()
         };
@@ -337,7 +352,8 @@ impl Registry {
             saver: Arc::new(Saver::new()),
             ..RegistryView::default()
         };
-        view.publish(&entries, next_id, 0);
+        let dropped = Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id)));
+        view.publish(&entries, 0, &dropped);
         Ok(Registry {
             path,
             entries,
@@ -350,6 +366,11 @@ impl Registry {
             max_per_job: crate::config::DEFAULT_MAX_STATES_PER_JOB,
             view,
             version: 0,
+            dropped,
+            dropping: HashMap::new(),
+            jobs_saver: Arc::new(Saver::default()),
+            jobs_version: 0,
+            claimed: HashMap::new(),
         })
     }
 
@@ -364,18 +385,69 @@ impl Registry {
         self.max_per_job = n;
     }
 
-    /// Lets `uid` open a session of `job`: a job belongs to the first uid
-    /// that opens it (durably); another uid is refused. A job that already
-    /// has state but no owner (imported by root, or from before owners were
-    /// kept) is refused too: the first comer must not take another's state;
-    /// the operator names its uid in `jobs.json`. Root and statord's own
-    /// uid may open any job and claim none (statorctl's exports and
-    /// imports). A claim stays even if the open then fails (a limit): the
-    /// uid asked for the job, and undoing it could race another of its
-    /// subtasks opening at the same moment.
-    pub fn claim(&mut self, job: &str, uid: u32) -> Result<(), Refusal> {
+    /// Lets `uid` open a session of `job`, and counts the session in
+    /// ([`Registry::enter`]): a job belongs to the first uid that opens it
+    /// (durably); another uid is refused. A job that already has state but
+    /// no owner (imported by root, or from before owners were kept) is
+    /// refused too: the first comer must not take another's state; the
+    /// operator names its uid in `jobs.json`. Root and statord's own uid
+    /// may open any job and claim none (statorctl's exports and imports).
+    ///
+    /// The registry's lock is held for the claim and the count, never for
+    /// a file write: a job dropped in memory is claimed only once its drop
+    /// is durable (`states.json` without its names, saved first), and the
+    /// session of a claim not yet durable waits for it (`jobs.json`, saved
+    /// after the lock). A claim whose save fails stays in memory, saved
+    /// by the next save that succeeds, and the sessions waiting for it are
+    /// refused; undoing it could race another subtask of the uid opening
+    /// at the same moment. The session is not counted when refused.
+    pub fn open_session(registry: &Mutex<Registry>, job: &str, uid: u32) -> Result<(), Refusal> {
+        let lock = || registry.lock().unwrap_or_else(|p| p.into_inner());
+        let dropping = {
+            let r = lock();
+            r.dropping
+                .get(job)
+                .copied()
+                .filter(|&v| v > r.view.saver.durable())
+        };
+        if let Some(v) = dropping {
+            Registry::save_pending(registry);
+            let saver = lock().view.saver.clone();
+            if saver.durable() < v {
+                let why = saver.failure().unwrap_or_default();
+                return Err((
+                    status::INTERNAL,
+                    format!(
+                        "job `{job}` was dropped, and the state registry cannot be saved: {why}"
+                    ),
+                ));
+            }
+        }
+        let need = {
+            let mut r = lock();
+            let need = r.claim(job, uid)?;
+            r.enter(job);
+            need
+        };
+        if let Some(v) = need
+            && let Err(why) = Registry::save_jobs(registry, v)
+        {
+            lock().leave(job);
+            return Err((
+                status::INTERNAL,
+                format!("cannot save the job owners: {why}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Registry::open_session`]'s claim, in memory: the owners version
+    /// the session needs durable, if `jobs.json` does not hold it yet.
+    fn claim(&mut self, job: &str, uid: u32) -> Result<Option<u64>, Refusal> {
+        let durable = self.jobs_saver.durable();
+        self.claimed.retain(|_, v| *v > durable);
         if self.owned_by(job, uid)? {
-            return Ok(());
+            return Ok(self.claimed.get(job).copied());
         }
         if self.jobs.len() >= MAX_REGISTERED {
             return Err((
@@ -384,12 +456,33 @@ impl Registry {
             ));
         }
         self.jobs.insert(job.to_string(), uid);
-        if let Err(e) = save_json(&self.jobs_path, &self.jobs) {
-            self.jobs.remove(job);
-            return Err((status::INTERNAL, format!("cannot save the job owners: {e}")));
-        }
+        self.jobs_version += 1;
+        self.claimed.insert(job.to_string(), self.jobs_version);
         tracing::info!(job, uid, "job claimed by its first uid");
-        Ok(())
+        Ok(Some(self.jobs_version))
+    }
+
+    /// Makes `jobs.json` hold owners version `version` (or a later one),
+    /// written outside the registry's lock; why not.
+    fn save_jobs(registry: &Mutex<Registry>, version: u64) -> Result<(), String> {
+        let (saver, path, latest, jobs) = {
+            let r = registry.lock().unwrap_or_else(|p| p.into_inner());
+            if r.jobs_saver.durable() >= version {
+                return Ok(());
+            }
+            (
+                r.jobs_saver.clone(),
+                r.jobs_path.clone(),
+                r.jobs_version,
+                r.jobs.clone(),
+            )
+        };
+        let bytes = serde_json::to_vec_pretty(&jobs).expect("owners serialize");
+        let _ = saver.write(&path, latest, &bytes);
+        if saver.durable() >= version {
+            return Ok(());
+        }
+        Err(saver.failure().unwrap_or_default())
     }
 
     /// Whether `uid` may use `job` as its own: true for its owner, root
@@ -470,7 +563,7 @@ impl Registry {
         let before = self.entries.len();
         let ids = self.add_all(job, op, states)?;
         if self.entries.len() > before {
-            self.view.publish(&self.entries, self.next_id, self.version);
+            self.publish();
         }
         if self.version > self.view.saver.durable() {
             self.view.saver.wake();
@@ -482,7 +575,9 @@ impl Registry {
     #[cfg(test)]
     fn register(&mut self, job: &str, op: &str, name: &str, k: u8) -> Result<u32, Refusal> {
         let (ids, _) = self.register_all_later(job, op, &[(name, k)])?;
-        self.save().map_err(|e| {
+        let bytes = encode_states(self.next_id, &self.entries);
+        let saved = self.view.saver.write(&self.path, self.version, &bytes);
+        saved.map_err(|e| {
             (
                 status::INTERNAL,
                 format!("cannot save the state registry: {e}"),
@@ -514,7 +609,17 @@ impl Registry {
         };
         let bytes = encode_states(next_id, &entries);
         match saver.write(&path, version, &bytes) {
-            Ok(()) => true,
+            Ok(()) => {
+                // Drops this version holds are durable: their ids may go.
+                let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+                let before = r.dropping.len();
+                r.dropping.retain(|_, v| *v > version);
+                if r.dropping.len() < before {
+                    r.dropped = Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id)));
+                    r.publish();
+                }
+                true
+            }
             Err(e) => {
                 tracing::warn!(error = %e, path = %path.display(), "cannot save the state registry; imports naming new states wait for it; retried");
                 false
@@ -594,9 +699,9 @@ impl Registry {
         Ok(ids)
     }
 
-    /// A session of `job` opens. Called under the same lock as its
-    /// [`Registry::claim`], so a drop never races an open.
-    pub fn enter(&mut self, job: &str) {
+    /// A session of `job` opens (see [`Registry::open_session`]): a job
+    /// with a session is never dropped.
+    fn enter(&mut self, job: &str) {
         self.use_of
             .entry(job.to_string())
             .or_insert(JobUse {
@@ -622,15 +727,78 @@ impl Registry {
     /// again, and compaction leaves their records out) and its owner, so
     /// that neither file grows with every job that ever ran (a Flink job
     /// is named by its job id unless told otherwise). Returns the jobs
-    /// dropped. Names go first (`states.json`), then owners (`jobs.json`):
-    /// a failed save of the names drops nothing (`Err`); a failed save of
-    /// the owners keeps them for the next try (logged; an owner alone
-    /// keeps no state) and still returns the jobs whose names went.
+    /// dropped.
+    ///
+    /// They go from memory under the registry's lock; the files are
+    /// written after it, names (`states.json`) first, then owners
+    /// (`jobs.json`). Their ids are published as dropped (for compaction)
+    /// only once the names' save is durable, and the job is claimed again
+    /// only then ([`Registry::open_session`]). A failed save is logged and
+    /// retried by the next one (the registry thread's, every second); an
+    /// owner left in the file keeps no state.
     pub fn drop_idle(
+        registry: &Mutex<Registry>,
+        after: Duration,
+        retained: &Retained,
+    ) -> Vec<String> {
+        let (doomed, states, owners) = {
+            let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+            let doomed = r.idle_jobs(after, retained);
+            if doomed.is_empty() {
+                return Vec::new();
+            }
+            let named = r.entries.len();
+            r.entries.retain(|e| !doomed.contains(&e.job));
+            let states = (r.entries.len() < named).then(|| {
+                r.version += 1;
+                r.index = index_of(&r.entries);
+                r.publish();
+                r.version
+            });
+            let owned = r.jobs.len();
+            r.jobs.retain(|j, _| !doomed.contains(j));
+            let owners = (r.jobs.len() < owned).then(|| {
+                r.jobs_version += 1;
+                r.jobs_version
+            });
+            for j in &doomed {
+                r.use_of.remove(j);
+                r.claimed.remove(j);
+                if let Some(v) = states {
+                    r.dropping.insert(j.clone(), v);
+                }
+            }
+            (doomed, states, owners)
+        };
+        if let Some(v) = states
+            && !Registry::save_pending(registry)
+            && registry
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .view
+                .saver
+                .durable()
+                < v
+        {
+            tracing::warn!(
+                "dropped jobs' names are not saved yet; their state is reclaimed once they are"
+            );
+        }
+        if let Some(v) = owners
+            && let Err(why) = Registry::save_jobs(registry, v)
+        {
+            tracing::warn!(error = %why, "cannot save the job owners after dropping idle jobs; retried");
+        }
+        doomed.into_iter().collect()
+    }
+
+    /// The jobs [`Registry::drop_idle`] drops now (forgetting closed jobs
+    /// with nothing to drop).
+    fn idle_jobs(
         &mut self,
         after: Duration,
         retained: &Retained,
-    ) -> std::io::Result<Vec<String>> {
+    ) -> std::collections::BTreeSet<String> {
         let now = Instant::now();
         // A closed job with neither names nor owner (root's) has nothing to
         // drop: forget it.
@@ -649,52 +817,19 @@ impl Registry {
                 && since < retained.as_of
                 && !retained.jobs.contains(job)
         };
-        let doomed: std::collections::BTreeSet<String> = self
-            .entries
+        self.entries
             .iter()
             .map(|e| e.job.as_str())
             .chain(self.jobs.keys().map(String::as_str))
             .filter(|&j| idle(j))
             .map(str::to_string)
-            .collect();
-        if doomed.is_empty() {
-            return Ok(Vec::new());
-        }
-        if self.entries.iter().any(|e| doomed.contains(&e.job)) {
-            let all = std::mem::take(&mut self.entries);
-            self.entries = all
-                .iter()
-                .filter(|e| !doomed.contains(&e.job))
-                .cloned()
-                .collect();
-            self.version += 1;
-            if let Err(e) = self.save() {
-                self.entries = all;
-                self.version -= 1;
-                return Err(e);
-            }
-            self.index = index_of(&self.entries);
-            self.view.publish(&self.entries, self.next_id, self.version);
-        }
-        let owners = self.jobs.clone();
-        self.jobs.retain(|j, _| !doomed.contains(j));
-        if owners.len() != self.jobs.len()
-            && let Err(e) = save_json(&self.jobs_path, &self.jobs)
-        {
-            tracing::warn!(error = %e, "cannot save the job owners after dropping idle jobs; retried");
-            self.jobs = owners;
-        }
-        for j in &doomed {
-            self.use_of.remove(j);
-        }
-        Ok(doomed.into_iter().collect())
+            .collect()
     }
 
-    /// Writes `states.json` as it is now, durably, under the registry's
-    /// lock (dropping idle jobs).
-    fn save(&self) -> std::io::Result<()> {
-        let bytes = encode_states(self.next_id, &self.entries);
-        self.view.saver.write(&self.path, self.version, &bytes)
+    /// Publishes the registry as it is now (the dropped ids as durable).
+    fn publish(&self) {
+        self.view
+            .publish(&self.entries, self.version, &self.dropped);
     }
 }
 
@@ -727,10 +862,6 @@ fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<Opt
 }
 
 /// Replaces a JSON file durably (see [`write_file`]).
-fn save_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
-    write_file(path, &serde_json::to_vec_pretty(v)?)
-}
-
 /// Replaces a file durably: a temporary file, fsync, rename, the
 /// directory's fsync.
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -846,36 +977,116 @@ mod tests {
         assert_eq!(view.saver().failure(), None);
     }
 
+    /// Opens a session of `job` as `uid` (and counts it).
+    fn open(reg: &Mutex<Registry>, job: &str, uid: u32) -> Result<(), Refusal> {
+        Registry::open_session(reg, job, uid)
+    }
+
     #[test]
     fn a_job_belongs_to_its_first_uid_and_unowned_state_is_not_up_for_grabs() {
         let d = tempfile::tempdir().unwrap();
-        let mut r = Registry::open(d.path()).unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
         // Root (these tests' uid, statord's own) opens anything, claims nothing.
         let root = nix::unistd::geteuid().as_raw();
-        r.claim("a", root).unwrap();
-        r.claim("a", 1000).unwrap();
-        r.claim("a", 1000).unwrap();
-        let (st, m) = r.claim("a", 1001).unwrap_err();
+        open(&reg, "a", root).unwrap();
+        open(&reg, "a", 1000).unwrap();
+        open(&reg, "a", 1000).unwrap();
+        let (st, m) = open(&reg, "a", 1001).unwrap_err();
         assert_eq!(st, status::DENIED);
         assert!(m.contains("belongs to uid 1000"), "{m}");
-        r.claim("a", root).unwrap();
+        open(&reg, "a", root).unwrap();
         // A job with state and no owner (root imported it): nobody's to take.
-        r.register("imported", "op", "v", kind::VALUE).unwrap();
-        let (st, m) = r.claim("imported", 1000).unwrap_err();
+        reg.lock()
+            .unwrap()
+            .register("imported", "op", "v", kind::VALUE)
+            .unwrap();
+        let (st, m) = open(&reg, "imported", 1000).unwrap_err();
         assert_eq!(st, status::DENIED);
         assert!(m.contains("no owning uid"), "{m}");
         // Durable, and an operator's assignment in jobs.json is honoured.
-        drop(r);
+        drop(reg);
         let jobs = d.path().join("jobs.json");
         let mut owners: std::collections::BTreeMap<String, u32> =
             serde_json::from_slice(&std::fs::read(&jobs).unwrap()).unwrap();
         assert_eq!(owners.get("a"), Some(&1000));
         owners.insert("imported".into(), 1001);
         std::fs::write(&jobs, serde_json::to_vec(&owners).unwrap()).unwrap();
-        let mut r = Registry::open(d.path()).unwrap();
-        assert_eq!(r.claim("a", 1001).unwrap_err().0, status::DENIED);
-        r.claim("imported", 1001).unwrap();
-        assert_eq!(r.claim("imported", 1000).unwrap_err().0, status::DENIED);
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
+        assert_eq!(open(&reg, "a", 1001).unwrap_err().0, status::DENIED);
+        open(&reg, "imported", 1001).unwrap();
+        assert_eq!(open(&reg, "imported", 1000).unwrap_err().0, status::DENIED);
+    }
+
+    /// Issue 25: a claim wrote `jobs.json` under the registry's lock, which
+    /// a shard registering an import's names takes. It is written after
+    /// the lock now. A claim whose save fails refuses the session (not
+    /// counted), stays in memory (another uid is still refused), refuses
+    /// every session of the job until a save succeeds, and is saved by it.
+    #[test]
+    fn a_claim_not_saved_refuses_its_sessions_until_it_is() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
+        // The temporary file's name is a directory: the write fails.
+        let tmp = d.path().join("jobs.json.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let (st, m) = open(&reg, "a", 1000).unwrap_err();
+        assert_eq!(st, status::INTERNAL);
+        assert!(m.contains("cannot save the job owners"), "{m}");
+        assert_eq!(open(&reg, "a", 1000).unwrap_err().0, status::INTERNAL);
+        assert_eq!(open(&reg, "a", 1001).unwrap_err().0, status::DENIED);
+        assert!(
+            !reg.lock().unwrap().use_of.values().any(|u| u.sessions > 0),
+            "a refused session is not counted"
+        );
+        std::fs::remove_dir(&tmp).unwrap();
+        open(&reg, "a", 1000).unwrap();
+        let jobs = std::fs::read_to_string(d.path().join("jobs.json")).unwrap();
+        assert!(jobs.contains("\"a\": 1000"), "{jobs}");
+        assert_eq!(reg.lock().unwrap().use_of["a"].sessions, 1);
+    }
+
+    /// Issue 25: a drop wrote both files under the registry's lock. Now
+    /// the names go from memory at once, but their ids are published as
+    /// dropped (compaction then leaves their records out) only once
+    /// `states.json` without them is durable, and the job is claimed
+    /// again only then: a crash before the save brings the names back
+    /// with their records, never names without records, nor another uid's
+    /// claim on a job whose names the file still holds.
+    #[test]
+    fn a_drop_takes_effect_for_compaction_and_claims_once_durable() {
+        let d = tempfile::tempdir().unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
+        open(&reg, "done", 1000).unwrap();
+        let id = reg
+            .lock()
+            .unwrap()
+            .register("done", "op", "v", kind::VALUE)
+            .unwrap();
+        reg.lock().unwrap().leave("done");
+        let view = reg.lock().unwrap().view();
+        let tmp = d.path().join("states.json.tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        let retained = Retained {
+            jobs: Default::default(),
+            as_of: Instant::now() + Duration::from_secs(1),
+        };
+        assert_eq!(
+            Registry::drop_idle(&reg, Duration::ZERO, &retained),
+            ["done"]
+        );
+        assert!(!view.get().is_registered("done", "op", "v"));
+        assert!(!view.get().dropped().contains(id), "not durable yet");
+        let (st, m) = open(&reg, "done", 1001).unwrap_err();
+        assert_eq!(st, status::INTERNAL);
+        assert!(m.contains("was dropped"), "{m}");
+        let states = std::fs::read_to_string(d.path().join("states.json")).unwrap();
+        assert!(states.contains("\"done\""), "{states}");
+        std::fs::remove_dir(&tmp).unwrap();
+        assert!(Registry::save_pending(&reg));
+        assert!(view.get().dropped().contains(id));
+        open(&reg, "done", 1001).unwrap();
+        let states = std::fs::read_to_string(d.path().join("states.json")).unwrap();
+        assert!(!states.contains("\"done\""), "{states}");
     }
 
     /// Shards read the registry's published view, never its lock: a
@@ -923,40 +1134,40 @@ mod tests {
     #[test]
     fn idle_jobs_without_checkpoints_are_dropped_and_their_ids_never_reused() {
         let d = tempfile::tempdir().unwrap();
-        let mut r = Registry::open(d.path()).unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
         let mut ids = Vec::new();
         for job in ["done", "open", "kept", "late"] {
-            r.claim(job, 1000).unwrap();
-            r.enter(job);
-            ids.push(r.register(job, "op", "v", kind::VALUE).unwrap());
+            open(&reg, job, 1000).unwrap();
+            ids.push(
+                reg.lock()
+                    .unwrap()
+                    .register(job, "op", "v", kind::VALUE)
+                    .unwrap(),
+            );
         }
         for job in ["done", "kept", "late"] {
-            r.leave(job);
+            reg.lock().unwrap().leave(job);
         }
         // Gone idle before the reports were made, but for "late".
         let reported = Instant::now();
         std::thread::sleep(Duration::from_millis(30));
-        r.leave("late");
-        r.enter("late");
-        r.leave("late");
+        reg.lock().unwrap().leave("late");
+        open(&reg, "late", 1000).unwrap();
+        reg.lock().unwrap().leave("late");
         let retained = Retained {
             jobs: ["kept".to_string()].into(),
             as_of: reported,
         };
         // Not idle long enough: nothing.
-        assert!(
-            r.drop_idle(Duration::from_secs(3600), &retained)
-                .unwrap()
-                .is_empty()
-        );
-        let dropped = r.drop_idle(Duration::from_millis(10), &retained).unwrap();
+        assert!(Registry::drop_idle(&reg, Duration::from_secs(3600), &retained).is_empty());
+        let dropped = Registry::drop_idle(&reg, Duration::from_millis(10), &retained);
         assert_eq!(dropped, ["done"]);
-        let view = r.view().get();
+        let view = reg.lock().unwrap().view().get();
         assert!(view.dropped().contains(ids[0]));
         assert!(ids[1..].iter().all(|&id| !view.dropped().contains(id)));
         assert!(!view.is_registered("done", "op", "v"));
         // Durably, owner included; a new registration gets a new id.
-        drop(r);
+        drop(reg);
         let states = std::fs::read_to_string(d.path().join("states.json")).unwrap();
         assert!(!states.contains("\"done\""), "{states}");
         let jobs = std::fs::read_to_string(d.path().join("jobs.json")).unwrap();
@@ -964,17 +1175,22 @@ mod tests {
             !jobs.contains("\"done\"") && jobs.contains("\"kept\""),
             "{jobs}"
         );
-        let mut r = Registry::open(d.path()).unwrap();
-        assert!(r.view().get().dropped().contains(ids[0]));
-        r.claim("done", 1001).unwrap();
-        let again = r.register("done", "op", "v", kind::VALUE).unwrap();
+        let reg = Mutex::new(Registry::open(d.path()).unwrap());
+        assert!(reg.lock().unwrap().view().get().dropped().contains(ids[0]));
+        open(&reg, "done", 1001).unwrap();
+        let again = reg
+            .lock()
+            .unwrap()
+            .register("done", "op", "v", kind::VALUE)
+            .unwrap();
         assert!(ids.iter().all(|&id| id < again), "{ids:?} then {again}");
+        reg.lock().unwrap().leave("done");
         // After a restart every job without a session is idle since then.
         let now = Retained {
             jobs: Default::default(),
             as_of: Instant::now() + Duration::from_secs(1),
         };
-        let mut dropped = r.drop_idle(Duration::ZERO, &now).unwrap();
+        let mut dropped = Registry::drop_idle(&reg, Duration::ZERO, &now);
         dropped.sort();
         assert_eq!(dropped, ["done", "kept", "late", "open"]);
     }
