@@ -128,6 +128,11 @@ impl Daemon {
         };
         let mut handles = Vec::new();
         let mut shards = Vec::new();
+        let depth = disk_depth(&cfg.data_dir, cfg.shards);
+        tracing::info!(
+            per_shard = depth,
+            "disk ops each shard keeps in the kernel at most"
+        );
         for i in 0..cfg.shards {
             let store_cfg = cfg.store_config(i);
             let remote = match (&remote_rt, cfg.remote_config(i)) {
@@ -157,6 +162,7 @@ impl Daemon {
                 .spawn(move || {
                     // Room for a doorbell poll per session plus disk reads.
                     let opened = UringIo::new(4096, true)
+                        .map(|io| io.with_disk_depth(depth))
                         .map_err(|e| format!("cannot create an io_uring: {e}"))
                         .and_then(|io| {
                             match remote {
@@ -389,6 +395,32 @@ fn start_saver(ctx: Arc<Ctx>) -> std::io::Result<(Arc<AtomicBool>, JoinHandle<()
             }
         })?;
     Ok((stop, j))
+}
+
+/// The disk ops each shard's ring may hold in the kernel at once: half of
+/// the request queue (`queue/nr_requests`) of the data directory's device,
+/// shared by the shards, so that none of them is put to sleep for a free
+/// request slot (see `stator_store::io::UringIo`); the ring's default
+/// where the device's queue cannot be read (not a block device).
+fn disk_depth(dir: &std::path::Path, shards: usize) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dev) = std::fs::metadata(dir).map(|m| m.dev()) else {
+        return stator_store::io::DISK_DEPTH;
+    };
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    // A partition's queue is its disk's.
+    ["queue/nr_requests", "../queue/nr_requests"]
+        .iter()
+        .find_map(|q| {
+            std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/{q}"))
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(stator_store::io::DISK_DEPTH, |n| {
+            (n / 2 / shards.max(1)).max(4)
+        })
 }
 
 /// Drops jobs with no session and no retained checkpoint for

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 pub use fault::{Fault, FaultIo, FaultPlan};
 pub use sync::SyncIo;
-pub use uring::UringIo;
+pub use uring::{DISK_DEPTH, UringIo};
 
 use crate::aligned::AlignedBuf;
 
@@ -105,6 +105,13 @@ pub trait Io {
     fn close(&mut self, f: FileId);
     /// Reads `buf.len()` bytes at `offset` into `buf`.
     fn read(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64);
+    /// [`Io::read`] for background work (a compaction's or an export's
+    /// read-ahead), which an implementation that bounds the disk ops it
+    /// has in flight queues with writes rather than behind the gets
+    /// waiting (see `UringIo`).
+    fn read_background(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64) {
+        self.read(f, offset, buf, token);
+    }
     /// Writes all of `buf` at `offset`.
     fn write(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64);
     /// Makes everything written to `f` durable.

@@ -8,6 +8,17 @@
 //! returned as data). Operations beyond the submission queue's room wait in
 //! a backlog and enter as completions free slots (bounded in-flight).
 //!
+//! Disk operations in the kernel are bounded too (`disk_depth`, below the
+//! device's request queue): with its queue full, the block layer puts the
+//! submitting thread to sleep for a free request slot, inside
+//! `io_uring_enter`, even for a read io_uring issues as non-blocking
+//! (`blk_mq_get_tag`, seen holding a shard 31-77 ms at once while the
+//! device sat on one slow write). Ops past the bound wait here, in order,
+//! in two lanes: gets' reads, and background work (writes, fsyncs, and a
+//! compaction's or an export's reads: `Io::read_background`), which keeps
+//! a quarter of the bound, so that neither a flush nor a compaction is
+//! queued behind thousands of gets.
+//!
 //! The ring is set up for one issuing thread whose completions wait until
 //! it asks for them (`DEFER_TASKRUN`); `reap` asks, with a system call
 //! only when the kernel flags some pending (`TASKRUN_FLAG`), and `submit`
@@ -65,6 +76,8 @@ struct Op {
     buf: Option<AlignedBuf>,
     /// Bytes transferred so far (reads and writes continue from here).
     done: usize,
+    /// A read for background work (see `UringIo::disk_room`).
+    background: bool,
 }
 
 struct FileEntry {
@@ -93,6 +106,15 @@ pub struct UringIo {
     /// Of those, reads, writes and fsyncs (not doorbell polls, which may
     /// stay in the kernel indefinitely).
     disk_in_kernel: usize,
+    /// Of those, reads not for background work.
+    reads_in_kernel: usize,
+    /// Disk ops the kernel may hold at once (see the module doc).
+    disk_depth: usize,
+    /// Disk ops waiting for room under `disk_depth`, each lane in order:
+    /// gets' reads, and background work (writes, fsyncs, background
+    /// reads).
+    reads_waiting: VecDeque<usize>,
+    background_waiting: VecDeque<usize>,
     /// Scratch for `drain_cq` (kept: it runs on every poll).
     cqes: Vec<(u64, i32)>,
     direct: bool,
@@ -108,6 +130,9 @@ const ENTER_GETEVENTS: u32 = 1;
 pub const HOLD_FLOOR: usize = 16;
 /// New entries submitted together while the device is busy.
 pub const HOLD_BATCH: usize = 8;
+/// Disk ops in the kernel at most, unless set (`UringIo::with_disk_depth`):
+/// half of a common request queue (`nr_requests` 256).
+pub const DISK_DEPTH: usize = 128;
 
 impl UringIo {
     /// A ring with `entries` submission slots. `direct`: open files with
@@ -144,10 +169,22 @@ impl UringIo {
             ready: Vec::new(),
             in_kernel: 0,
             disk_in_kernel: 0,
+            reads_in_kernel: 0,
+            disk_depth: DISK_DEPTH,
+            reads_waiting: VecDeque::new(),
+            background_waiting: VecDeque::new(),
             cqes: Vec::new(),
             direct,
             _thread: std::marker::PhantomData,
         })
+    }
+
+    /// Bounds the disk ops the kernel holds at once to `depth` (at least
+    /// 4; see the module doc): below the device's request queue, shared
+    /// by every ring on it.
+    pub fn with_disk_depth(mut self, depth: usize) -> UringIo {
+        self.disk_depth = depth.max(4);
+        self
     }
 
     /// Whether the kernel holds completions for us: deferred ones
@@ -176,10 +213,32 @@ impl UringIo {
         if let Some(f) = self.files.get_mut(op.file as usize) {
             f.pending += 1;
         }
+        let lane = Lane::of(&op);
         let idx = self.ops.insert(op);
-        if !self.push(idx) {
-            self.backlog.push_back(idx);
+        // Behind the ones of its lane already waiting, in order.
+        if !self.queue(lane).is_empty() || !self.push(idx) {
+            self.wait_for_room(idx, false);
         }
+    }
+
+    /// Queues op `idx` until it can be pushed: `first` for one continued
+    /// (a short or interrupted transfer), which goes ahead of the rest.
+    fn wait_for_room(&mut self, idx: usize, first: bool) {
+        let lane = Lane::of(&self.ops[idx]);
+        let q = self.queue(lane);
+        if first {
+            q.push_front(idx);
+        } else {
+            q.push_back(idx);
+        }
+    }
+
+    /// Whether a disk op in `lane` may enter the kernel now: under
+    /// `disk_depth`, with a quarter of it kept for background work.
+    fn disk_room(&self, lane: Lane) -> bool {
+        let gets_max = self.disk_depth - self.disk_depth / 4;
+        self.disk_in_kernel < self.disk_depth
+            && (lane != Lane::Gets || self.reads_in_kernel < gets_max)
     }
 
     /// Pushes op `idx` (its remaining part) to the SQ; false when full.
@@ -233,13 +292,18 @@ impl UringIo {
             self.in_kernel += pushed as usize;
             return pushed;
         }
-        let Some(fe) = self.files.get(op.file as usize) else {
+        let (lane, file) = (Lane::of(op), op.file);
+        if !self.disk_room(lane) {
+            return false;
+        }
+        let Some(fe) = self.files.get(file as usize) else {
             let op = self.ops.remove(idx);
             self.done
                 .push_back(IoCompletion::local(op.token, op.buf, Err(libc::EBADF)));
             return true;
         };
         let fd = types::Fd(fe.file.as_raw_fd());
+        let op = &mut self.ops[idx];
         let entry = match op.kind {
             Kind::Read | Kind::Write => {
                 let buf = op
@@ -271,6 +335,7 @@ impl UringIo {
         if pushed {
             self.in_kernel += 1;
             self.disk_in_kernel += 1;
+            self.reads_in_kernel += (lane == Lane::Gets) as usize;
         }
         pushed
     }
@@ -342,6 +407,9 @@ impl UringIo {
             if matches!(op.kind, Kind::Read | Kind::Write | Kind::Fsync) {
                 self.disk_in_kernel -= 1;
             }
+            if Lane::of(op) == Lane::Gets {
+                self.reads_in_kernel -= 1;
+            }
             if res == -libc::EINTR || res == -libc::EAGAIN {
                 resubmit.push(idx);
                 continue;
@@ -381,14 +449,57 @@ impl UringIo {
         }
         cqes.clear();
         self.cqes = cqes;
-        for idx in resubmit {
-            self.backlog.push_front(idx);
+        // (In reverse: each goes to the front of its queue.)
+        for &idx in resubmit.iter().rev() {
+            self.wait_for_room(idx, true);
         }
-        while let Some(&idx) = self.backlog.front() {
-            if !self.push(idx) {
-                break;
+        // Doorbell polls and the like first: a sleep relies on them.
+        for q in [Lane::Other, Lane::Background, Lane::Gets] {
+            while let Some(&idx) = self.queue(q).front() {
+                if !self.push(idx) {
+                    break;
+                }
+                self.queue(q).pop_front();
             }
-            self.backlog.pop_front();
+        }
+    }
+
+    /// Drops every op not yet in the kernel from its queue (their slots
+    /// stay, holding their buffers, until the ring is dropped).
+    fn forget_waiting(&mut self) {
+        self.backlog.clear();
+        self.reads_waiting.clear();
+        self.background_waiting.clear();
+    }
+
+    /// Where ops of `lane` wait before they enter the kernel.
+    fn queue(&mut self, lane: Lane) -> &mut VecDeque<usize> {
+        match lane {
+            Lane::Other => &mut self.backlog,
+            Lane::Background => &mut self.background_waiting,
+            Lane::Gets => &mut self.reads_waiting,
+        }
+    }
+}
+
+/// Which queue an op waits in before it enters the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    /// Not a disk op (doorbell polls, unlinks, ...): waits only for room
+    /// in the submission queue.
+    Other,
+    /// Writes, fsyncs and background reads: bounded by `disk_depth`.
+    Background,
+    /// Other reads (gets'): bounded by three quarters of `disk_depth`.
+    Gets,
+}
+
+impl Lane {
+    fn of(op: &Op) -> Lane {
+        match op.kind {
+            Kind::Read if !op.background => Lane::Gets,
+            Kind::Read | Kind::Write | Kind::Fsync => Lane::Background,
+            Kind::Prefault(..) | Kind::Unlink(_) | Kind::Rename(..) | Kind::Poll(_) => Lane::Other,
         }
     }
 }
@@ -405,10 +516,10 @@ impl Drop for UringIo {
     /// ops are left to finish. If the kernel does not answer within 30 s,
     /// the buffers are leaked rather than freed under it.
     fn drop(&mut self) {
-        self.backlog.clear();
+        self.forget_waiting();
         let _ = self.ring.submit();
         self.drain_cq();
-        self.backlog.clear();
+        self.forget_waiting();
         let polls: Vec<u64> = self
             .ops
             .iter()
@@ -435,7 +546,7 @@ impl Drop for UringIo {
             let _ = self.ring.submitter().submit_with_args(1, &args);
             self.drain_cq();
             // Short reads are not continued now.
-            self.backlog.clear();
+            self.forget_waiting();
         }
         if self.in_kernel > 0 {
             // A hung device: a bounded leak, never a use after free.
@@ -485,6 +596,19 @@ impl Io for UringIo {
             offset,
             buf: Some(buf),
             done: 0,
+            background: false,
+        });
+    }
+
+    fn read_background(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64) {
+        self.enqueue(Op {
+            token,
+            kind: Kind::Read,
+            file: f,
+            offset,
+            buf: Some(buf),
+            done: 0,
+            background: true,
         });
     }
 
@@ -496,6 +620,7 @@ impl Io for UringIo {
             offset,
             buf: Some(buf),
             done: 0,
+            background: false,
         });
     }
 
@@ -507,6 +632,7 @@ impl Io for UringIo {
             offset: 0,
             buf: None,
             done: 0,
+            background: false,
         });
     }
 
@@ -524,6 +650,7 @@ impl Io for UringIo {
             offset: 0,
             buf: None,
             done: 0,
+            background: false,
         });
     }
 
@@ -542,6 +669,7 @@ impl Io for UringIo {
             offset: 0,
             buf: None,
             done: 0,
+            background: false,
         });
     }
 
@@ -619,6 +747,7 @@ impl Io for UringIo {
             offset: 0,
             buf: None,
             done: 0,
+            background: false,
         });
     }
 
@@ -635,6 +764,7 @@ impl Io for UringIo {
             offset: 0,
             buf: None,
             done: 0,
+            background: false,
         });
         // Now, not at the next poll: a writer may not poll for a while.
         let _ = self.ring.submit();
@@ -691,6 +821,65 @@ mod tests {
             assert_eq!((c.token, c.result), (i as u64, Ok(4096)));
             let b = c.buf.as_ref().unwrap();
             assert!(b.iter().all(|&x| x == i as u8), "page {i}");
+        }
+        assert_eq!(io.in_flight(), 0);
+    }
+
+    /// Issue 25: with thousands of reads in the kernel the device's
+    /// request queue filled, and the block layer put the shard thread to
+    /// sleep inside `io_uring_enter` until a slot freed. The kernel now
+    /// holds at most `disk_depth` disk ops, gets' reads at most three
+    /// quarters of them: a compaction's read and a write enqueued behind
+    /// many gets go in at once, the rest wait their turn, and all
+    /// complete with their data.
+    #[test]
+    fn disk_ops_in_the_kernel_are_bounded_and_writes_keep_a_share() {
+        let (_d, p) = file(64);
+        let mut io = UringIo::new(256, true).unwrap().with_disk_depth(8);
+        let f = io.open(&p, OpenMode::Read).unwrap();
+        let n = 64;
+        for i in 0..n {
+            io.read(f, i as u64 * 4096, AlignedBuf::zeroed(4096), i as u64);
+        }
+        assert_eq!((io.reads_in_kernel, io.disk_in_kernel), (6, 6));
+        assert_eq!(io.reads_waiting.len(), n - 6);
+        let w = io
+            .open(&p.with_file_name("w"), OpenMode::CreateNew)
+            .unwrap();
+        let mut page = AlignedBuf::zeroed(4096);
+        page.fill(0xab);
+        io.read_background(f, 5 * 4096, AlignedBuf::zeroed(4096), 1005);
+        io.write(w, 0, page, 1000);
+        assert_eq!(
+            io.disk_in_kernel, 8,
+            "the background read and the write go in at once"
+        );
+        io.fsync(w, 1001);
+        assert_eq!(
+            io.background_waiting.len(),
+            1,
+            "past the bound, the fsync waits"
+        );
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(20);
+        while got.len() < n + 3 {
+            assert!(Instant::now() < end, "{} of {} completed", got.len(), n + 3);
+            io.submit().unwrap();
+            io.reap(&mut got);
+            assert!(io.disk_in_kernel <= 8 && io.reads_in_kernel <= 6);
+            io.wait(Some(Duration::from_millis(10))).unwrap();
+        }
+        let mut reads: Vec<u64> = got.iter().map(|c| c.token).filter(|&t| t < 1000).collect();
+        reads.sort_unstable();
+        assert_eq!(reads, (0..n as u64).collect::<Vec<_>>());
+        for c in &got {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            let page = match c.token {
+                t if t < 1000 => t as u8,
+                1005 => 5,
+                _ => continue,
+            };
+            assert!(c.buf.as_ref().unwrap().iter().all(|&x| x == page));
         }
         assert_eq!(io.in_flight(), 0);
     }

@@ -1250,7 +1250,9 @@ pub(super) struct Reads<'a, I: Io> {
 }
 
 impl<I: Io> Reads<'_, I> {
-    /// Issues the read; whether the remote tier serves it.
+    /// Issues a background read (a compaction's or an export's
+    /// read-ahead: see [`Io::read_background`]); whether the remote tier
+    /// serves it.
     pub fn read(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) -> bool {
         match self.tier.as_deref_mut() {
             Some(t) if seg.residency.needs_remote(off, buf.len()) => {
@@ -1258,7 +1260,8 @@ impl<I: Io> Reads<'_, I> {
                 true
             }
             _ => {
-                self.local(seg, off, buf, token);
+                self.note_local(seg);
+                self.io.read_background(seg.file, off, buf, token);
                 false
             }
         }
@@ -1287,17 +1290,19 @@ impl<I: Io> Reads<'_, I> {
                 if self.tier.is_some() {
                     seg.residency.mark_read(off, len);
                 }
-                self.local(seg, off, buf(), token);
+                self.note_local(seg);
+                self.io.read(seg.file, off, buf(), token);
                 false
             }
         }
     }
 
-    fn local(&mut self, seg: &Segment, off: u64, buf: AlignedBuf, token: u64) {
+    /// A read of `seg` served by the local disk: counted, and the file
+    /// kept in the cache as recently used.
+    fn note_local(&mut self, seg: &Segment) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.stats.local_block_reads += 1;
             t.touch(seg);
         }
-        self.io.read(seg.file, off, buf, token);
     }
 }
