@@ -55,9 +55,11 @@ pub struct Registry {
     /// the file without their names is durable, so that a crash never
     /// brings back names whose records are gone.
     dropped: Arc<DroppedStates>,
-    /// Jobs dropped in memory, and the states version whose save makes
-    /// the drop durable: such a job is claimed again only after it.
-    dropping: HashMap<String, u64>,
+    /// Jobs dropped in memory: the states version whose save makes the
+    /// drop durable (such a job is claimed again only after it), and the
+    /// owner `jobs.json` keeps until then (names go first, then owners: a
+    /// crash between must not leave names without their owner).
+    dropping: HashMap<String, (u64, Option<u32>)>,
     /// Writes of `jobs.json`, in order, outside the registry's lock.
     jobs_saver: Arc<Saver>,
     /// Changes to the owners since the registry was opened.
@@ -403,31 +405,31 @@ impl Registry {
     /// at the same moment. The session is not counted when refused.
     pub fn open_session(registry: &Mutex<Registry>, job: &str, uid: u32) -> Result<(), Refusal> {
         let lock = || registry.lock().unwrap_or_else(|p| p.into_inner());
-        let dropping = {
-            let r = lock();
-            r.dropping
-                .get(job)
-                .copied()
-                .filter(|&v| v > r.view.saver.durable())
-        };
-        if let Some(v) = dropping {
-            Registry::save_pending(registry);
-            let saver = lock().view.saver.clone();
-            if saver.durable() < v {
-                let why = saver.failure().unwrap_or_default();
-                return Err((
-                    status::INTERNAL,
-                    format!(
-                        "job `{job}` was dropped, and the state registry cannot be saved: {why}"
-                    ),
-                ));
-            }
-        }
-        let need = {
+        // The drop check and the claim under one lock: a drop between them
+        // would let any uid claim a job whose names are still saved.
+        let need = loop {
             let mut r = lock();
-            let need = r.claim(job, uid)?;
-            r.enter(job);
-            need
+            let saver = r.view.saver.clone();
+            match r.dropping.get(job) {
+                Some(&(v, _)) if v > saver.durable() => {
+                    drop(r);
+                    Registry::save_pending(registry);
+                    if saver.durable() < v {
+                        let why = saver.failure().unwrap_or_default();
+                        return Err((
+                            status::INTERNAL,
+                            format!(
+                                "job `{job}` was dropped, and the state registry cannot be saved: {why}"
+                            ),
+                        ));
+                    }
+                }
+                _ => {
+                    let need = r.claim(job, uid)?;
+                    r.enter(job);
+                    break need;
+                }
+            }
         };
         if let Some(v) = need
             && let Err(why) = Registry::save_jobs(registry, v)
@@ -463,18 +465,26 @@ impl Registry {
     }
 
     /// Makes `jobs.json` hold owners version `version` (or a later one),
-    /// written outside the registry's lock; why not.
+    /// written outside the registry's lock; why not. Owners of jobs whose
+    /// drop is not durable yet stay in the file.
     fn save_jobs(registry: &Mutex<Registry>, version: u64) -> Result<(), String> {
         let (saver, path, latest, jobs) = {
             let r = registry.lock().unwrap_or_else(|p| p.into_inner());
             if r.jobs_saver.durable() >= version {
                 return Ok(());
             }
+            let mut jobs = r.jobs.clone();
+            let durable = r.view.saver.durable();
+            for (job, &(v, owner)) in &r.dropping {
+                if let Some(uid) = owner.filter(|_| v > durable) {
+                    jobs.insert(job.clone(), uid);
+                }
+            }
             (
                 r.jobs_saver.clone(),
                 r.jobs_path.clone(),
                 r.jobs_version,
-                r.jobs.clone(),
+                jobs,
             )
         };
         let bytes = serde_json::to_vec_pretty(&jobs).expect("owners serialize");
@@ -612,11 +622,16 @@ impl Registry {
             Ok(()) => {
                 // Drops this version holds are durable: their ids may go.
                 let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
-                let before = r.dropping.len();
-                r.dropping.retain(|_, v| *v > version);
+                let (before, owned) = (r.dropping.len(), r.dropping_owners());
+                r.dropping.retain(|_, (v, _)| *v > version);
                 if r.dropping.len() < before {
                     r.dropped = Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id)));
                     r.publish();
+                }
+                // Owners `jobs.json` kept for these drops can go now (the
+                // janitor's next save).
+                if r.dropping_owners() < owned {
+                    r.jobs_version += 1;
                 }
                 true
             }
@@ -741,12 +756,17 @@ impl Registry {
         after: Duration,
         retained: &Retained,
     ) -> Vec<String> {
+        Registry::save_jobs_pending(registry);
         let (doomed, states, owners) = {
             let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
             let doomed = r.idle_jobs(after, retained);
             if doomed.is_empty() {
                 return Vec::new();
             }
+            let owner_of: HashMap<String, u32> = doomed
+                .iter()
+                .filter_map(|j| r.jobs.get(j).map(|&uid| (j.clone(), uid)))
+                .collect();
             let named = r.entries.len();
             r.entries.retain(|e| !doomed.contains(&e.job));
             let states = (r.entries.len() < named).then(|| {
@@ -765,7 +785,7 @@ impl Registry {
                 r.use_of.remove(j);
                 r.claimed.remove(j);
                 if let Some(v) = states {
-                    r.dropping.insert(j.clone(), v);
+                    r.dropping.insert(j.clone(), (v, owner_of.get(j).copied()));
                 }
             }
             (doomed, states, owners)
@@ -790,6 +810,23 @@ impl Registry {
             tracing::warn!(error = %why, "cannot save the job owners after dropping idle jobs; retried");
         }
         doomed.into_iter().collect()
+    }
+
+    /// Saves `jobs.json` if a change waits for it (a save that failed, or
+    /// owners a durable drop let go).
+    fn save_jobs_pending(registry: &Mutex<Registry>) {
+        let version = registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .jobs_version;
+        if let Err(why) = Registry::save_jobs(registry, version) {
+            tracing::warn!(error = %why, "cannot save the job owners; retried");
+        }
+    }
+
+    /// Owners `jobs.json` keeps for drops not durable yet.
+    fn dropping_owners(&self) -> usize {
+        self.dropping.values().filter(|(_, o)| o.is_some()).count()
     }
 
     /// The jobs [`Registry::drop_idle`] drops now (forgetting closed jobs
@@ -1081,12 +1118,18 @@ mod tests {
         assert!(m.contains("was dropped"), "{m}");
         let states = std::fs::read_to_string(d.path().join("states.json")).unwrap();
         assert!(states.contains("\"done\""), "{states}");
+        // Names first, then owners: the owner stays in the file while the
+        // names do (a crash now finds both).
+        let jobs = std::fs::read_to_string(d.path().join("jobs.json")).unwrap();
+        assert!(jobs.contains("\"done\": 1000"), "{jobs}");
         std::fs::remove_dir(&tmp).unwrap();
         assert!(Registry::save_pending(&reg));
         assert!(view.get().dropped().contains(id));
         open(&reg, "done", 1001).unwrap();
         let states = std::fs::read_to_string(d.path().join("states.json")).unwrap();
         assert!(!states.contains("\"done\""), "{states}");
+        let jobs = std::fs::read_to_string(d.path().join("jobs.json")).unwrap();
+        assert!(jobs.contains("\"done\": 1001"), "{jobs}");
     }
 
     /// Shards read the registry's published view, never its lock: a
