@@ -400,27 +400,26 @@ fn start_saver(ctx: Arc<Ctx>) -> std::io::Result<(Arc<AtomicBool>, JoinHandle<()
 /// The disk ops each shard's ring may hold in the kernel at once: half of
 /// the request queue (`queue/nr_requests`) of the data directory's device,
 /// shared by the shards, so that none of them is put to sleep for a free
-/// request slot (see `stator_store::io::UringIo`); the ring's default
-/// where the device's queue cannot be read (not a block device).
+/// request slot (see `stator_store::io::UringIo`). Where the device's
+/// queue cannot be read (not a block device), the ring's default, shared
+/// the same way.
 fn disk_depth(dir: &std::path::Path, shards: usize) -> usize {
     use std::os::unix::fs::MetadataExt;
-    let Ok(dev) = std::fs::metadata(dir).map(|m| m.dev()) else {
-        return stator_store::io::DISK_DEPTH;
-    };
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    // A partition's queue is its disk's.
-    ["queue/nr_requests", "../queue/nr_requests"]
-        .iter()
-        .find_map(|q| {
-            std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/{q}"))
-                .ok()?
-                .trim()
-                .parse::<usize>()
-                .ok()
-        })
-        .map_or(stator_store::io::DISK_DEPTH, |n| {
-            (n / 2 / shards.max(1)).max(4)
-        })
+    let queue = std::fs::metadata(dir).ok().and_then(|m| {
+        let (major, minor) = (libc::major(m.dev()), libc::minor(m.dev()));
+        // A partition's queue is its disk's.
+        ["queue/nr_requests", "../queue/nr_requests"]
+            .iter()
+            .find_map(|q| {
+                std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/{q}"))
+                    .ok()?
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            })
+    });
+    let queue = queue.unwrap_or(2 * stator_store::io::DISK_DEPTH);
+    (queue / 2 / shards.max(1)).max(4)
 }
 
 /// Drops jobs with no session and no retained checkpoint for

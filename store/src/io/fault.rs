@@ -132,6 +132,24 @@ impl Unsynced {
 }
 
 impl<I: Io> FaultIo<I> {
+    /// A read, faulted as planned; passed on as it came (a background
+    /// read stays one: see `Io::read_background`).
+    fn read_as(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64, background: bool) {
+        if self.crashed {
+            return self.fail(token, Some(buf), libc::EIO);
+        }
+        match self.hit(OpKind::Read) {
+            Some(Fault::ReadEio) => return self.fail(token, Some(buf), libc::EIO),
+            Some(Fault::ReadBitFlip) => self.flip_tokens.push(token),
+            _ => {}
+        }
+        if background {
+            self.inner.read_background(f, offset, buf, token);
+        } else {
+            self.inner.read(f, offset, buf, token);
+        }
+    }
+
     pub fn new(inner: I, plan: Option<FaultPlan>) -> Self {
         FaultIo {
             inner,
@@ -302,17 +320,11 @@ impl<I: Io> Io for FaultIo<I> {
     }
 
     fn read(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64) {
-        if self.crashed {
-            return self.fail(token, Some(buf), libc::EIO);
-        }
-        match self.hit(OpKind::Read) {
-            Some(Fault::ReadEio) => self.fail(token, Some(buf), libc::EIO),
-            Some(Fault::ReadBitFlip) => {
-                self.flip_tokens.push(token);
-                self.inner.read(f, offset, buf, token);
-            }
-            _ => self.inner.read(f, offset, buf, token),
-        }
+        self.read_as(f, offset, buf, token, false);
+    }
+
+    fn read_background(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64) {
+        self.read_as(f, offset, buf, token, true);
     }
 
     fn write(&mut self, f: FileId, offset: u64, buf: AlignedBuf, token: u64) {

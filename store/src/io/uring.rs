@@ -15,9 +15,10 @@
 //! (`blk_mq_get_tag`, seen holding a shard 31-77 ms at once while the
 //! device sat on one slow write). Ops past the bound wait here, in order,
 //! in two lanes: gets' reads, and background work (writes, fsyncs, and a
-//! compaction's or an export's reads: `Io::read_background`), which keeps
-//! a quarter of the bound, so that neither a flush nor a compaction is
-//! queued behind thousands of gets.
+//! compaction's or an export's reads: `Io::read_background`). Each lane
+//! takes at most three quarters of the bound, so that neither a flush
+//! nor a compaction is queued behind thousands of gets, nor gets behind
+//! them.
 //!
 //! The ring is set up for one issuing thread whose completions wait until
 //! it asks for them (`DEFER_TASKRUN`); `reap` asks, with a system call
@@ -234,11 +235,18 @@ impl UringIo {
     }
 
     /// Whether a disk op in `lane` may enter the kernel now: under
-    /// `disk_depth`, with a quarter of it kept for background work.
+    /// `disk_depth`, each lane at most three quarters of it, so that the
+    /// other always has a quarter (the drain refills background work
+    /// first; gets must not starve behind a compaction and a flush).
     fn disk_room(&self, lane: Lane) -> bool {
-        let gets_max = self.disk_depth - self.disk_depth / 4;
+        let lane_max = self.disk_depth - self.disk_depth / 4;
+        let background = self.disk_in_kernel - self.reads_in_kernel;
         self.disk_in_kernel < self.disk_depth
-            && (lane != Lane::Gets || self.reads_in_kernel < gets_max)
+            && match lane {
+                Lane::Gets => self.reads_in_kernel < lane_max,
+                Lane::Background => background < lane_max,
+                Lane::Other => true,
+            }
     }
 
     /// Pushes op `idx` (its remaining part) to the SQ; false when full.
@@ -488,7 +496,8 @@ enum Lane {
     /// Not a disk op (doorbell polls, unlinks, ...): waits only for room
     /// in the submission queue.
     Other,
-    /// Writes, fsyncs and background reads: bounded by `disk_depth`.
+    /// Writes, fsyncs and background reads: bounded by three quarters of
+    /// `disk_depth`.
     Background,
     /// Other reads (gets'): bounded by three quarters of `disk_depth`.
     Gets,
@@ -881,6 +890,25 @@ mod tests {
             };
             assert!(c.buf.as_ref().unwrap().iter().all(|&x| x == page));
         }
+        assert_eq!(io.in_flight(), 0);
+    }
+
+    /// The other way round: background work enqueued first (a compaction's
+    /// reads) leaves the gets a quarter of the bound.
+    #[test]
+    fn background_work_leaves_gets_a_share() {
+        let (_d, p) = file(32);
+        let mut io = UringIo::new(256, true).unwrap().with_disk_depth(8);
+        let f = io.open(&p, OpenMode::Read).unwrap();
+        for i in 0..16u64 {
+            io.read_background(f, i * 4096, AlignedBuf::zeroed(4096), 100 + i);
+        }
+        for i in 0..4u64 {
+            io.read(f, i * 4096, AlignedBuf::zeroed(4096), i);
+        }
+        assert_eq!((io.disk_in_kernel, io.reads_in_kernel), (8, 2));
+        let got = collect(&mut io, 20, true);
+        assert!(got.iter().all(|c| c.result == Ok(4096)));
         assert_eq!(io.in_flight(), 0);
     }
 
