@@ -622,15 +622,20 @@ impl Registry {
             Ok(()) => {
                 // Drops this version holds are durable: their ids may go.
                 let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
-                let (before, owned) = (r.dropping.len(), r.dropping_owners());
-                r.dropping.retain(|_, (v, _)| *v > version);
-                if r.dropping.len() < before {
+                let (mut durable, mut owners) = (false, false);
+                r.dropping.retain(|_, &mut (v, owner)| {
+                    let keep = v > version;
+                    durable |= !keep;
+                    owners |= !keep && owner.is_some();
+                    keep
+                });
+                if durable {
                     r.dropped = Arc::new(DroppedStates::new(next_id, entries.iter().map(|e| e.id)));
                     r.publish();
                 }
                 // Owners `jobs.json` kept for these drops can go now (the
                 // janitor's next save).
-                if r.dropping_owners() < owned {
+                if owners {
                     r.jobs_version += 1;
                 }
                 true
@@ -757,7 +762,7 @@ impl Registry {
         retained: &Retained,
     ) -> Vec<String> {
         Registry::save_jobs_pending(registry);
-        let (doomed, states, owners) = {
+        let (doomed, states, owners, saver) = {
             let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
             let doomed = r.idle_jobs(after, retained);
             if doomed.is_empty() {
@@ -788,17 +793,11 @@ impl Registry {
                     r.dropping.insert(j.clone(), (v, owner_of.get(j).copied()));
                 }
             }
-            (doomed, states, owners)
+            (doomed, states, owners, r.view.saver.clone())
         };
         if let Some(v) = states
             && !Registry::save_pending(registry)
-            && registry
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .view
-                .saver
-                .durable()
-                < v
+            && saver.durable() < v
         {
             tracing::warn!(
                 "dropped jobs' names are not saved yet; their state is reclaimed once they are"
@@ -822,11 +821,6 @@ impl Registry {
         if let Err(why) = Registry::save_jobs(registry, version) {
             tracing::warn!(error = %why, "cannot save the job owners; retried");
         }
-    }
-
-    /// Owners `jobs.json` keeps for drops not durable yet.
-    fn dropping_owners(&self) -> usize {
-        self.dropping.values().filter(|(_, o)| o.is_some()).count()
     }
 
     /// The jobs [`Registry::drop_idle`] drops now (forgetting closed jobs
@@ -898,7 +892,6 @@ fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::io::Result<Opt
     }
 }
 
-/// Replaces a JSON file durably (see [`write_file`]).
 /// Replaces a file durably: a temporary file, fsync, rename, the
 /// directory's fsync.
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
