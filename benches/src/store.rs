@@ -328,6 +328,27 @@ fn in_memory(args: &StoreArgs, r: &mut Reporter, n: u64) {
         }
         r.case(&Case::new(SUITE, "mem_get_put_50_50_stator", n, t.elapsed()).latency(h));
     }
+
+    // List appends (a window operator's state), one 100-byte element at
+    // a time to random lists of the same keys: each is a blind merge
+    // whose list length is checked against the cap.
+    {
+        let appends = n / 2;
+        let mut rng = Rng(45);
+        let mut h = histogram();
+        let t = Instant::now();
+        for op in 0..appends {
+            let mut k = skey(rng.below(n), &mut kb);
+            k.state = 2;
+            let t0 = (op % SAMPLE == 0).then(Instant::now);
+            s.submit(0, Op::ListAppend(k, &v100[(op % 256) as usize]))
+                .expect("append");
+            if let Some(t0) = t0 {
+                h.record(t0.elapsed().as_nanos() as u64).expect("in range");
+            }
+        }
+        r.case(&Case::new(SUITE, "mem_list_append_stator", appends, t.elapsed()).latency(h));
+    }
     let m = s.memory();
     r.note(
         SUITE,

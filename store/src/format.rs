@@ -201,6 +201,13 @@ impl<'a> BlockView<'a> {
                     .ok_or(Malformed("record count overflows"))?,
             )
             .ok_or(Malformed("record table larger than the payload"))?;
+        if payload.len() > BLOCK_TARGET && n != 1 {
+            // What lets a list's length be bounded from the index alone
+            // (`Segment::value_bound`).
+            return Err(Malformed(
+                "a block larger than its target holds more than one record",
+            ));
+        }
         // Validate every record's bounds, and that keys ascend, once, so
         // lookups can index and search freely: one pass over the record
         // table (the remote runtime runs this for every fetched block).
@@ -399,6 +406,8 @@ pub struct BlockIndex {
     key_ends: Vec<u32>,
     offsets: Vec<u64>,
     lens: Vec<u32>,
+    /// The longest block's length.
+    largest: u32,
     /// Built by `seal` (empty until then, and after a `push`).
     heads: Vec<u64>,
     /// Per run, the head of every [`GROUP`]-th block's group's last
@@ -462,6 +471,7 @@ impl BlockIndex {
         self.key_ends.push(self.keys.len() as u32);
         self.offsets.push(offset);
         self.lens.push(len);
+        self.largest = self.largest.max(len);
         if !self.runs.is_empty() {
             self.heads.clear();
             self.tops.clear();
@@ -533,6 +543,12 @@ impl BlockIndex {
 
     pub fn block(&self, i: usize) -> (u64, u32) {
         (self.offsets[i], self.lens[i])
+    }
+
+    /// The longest block's length in bytes (0 without blocks): no record
+    /// of the segment has a longer value.
+    pub fn largest(&self) -> u32 {
+        self.largest
     }
 
     /// Starts loading what [`BlockIndex::block`] reads for `i`.
@@ -929,6 +945,21 @@ mod tests {
                 .collect();
             check_index(keys, &probes);
         }
+    }
+
+    #[test]
+    fn a_block_past_its_target_holds_one_record() {
+        let mut b = BlockBuilder::default();
+        b.add(Kind::Merge, b"a", &[1; 10_000]);
+        let mut one = Vec::new();
+        assert_eq!(b.finish_into(&mut one), 3 * ALIGN);
+        assert_eq!(BlockView::parse(&one).unwrap().len(), 1);
+        // The writer never makes this; a file that has it is corrupt.
+        b.add(Kind::Put, b"a", &[1; 10]);
+        b.add(Kind::Merge, b"b", &[1; 10_000]);
+        let mut two = Vec::new();
+        b.finish_into(&mut two);
+        assert!(BlockView::parse(&two).is_err());
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub use ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted};
 pub use store::{
     CheckpointInfo, CheckpointSpec, DEFAULT_CHECKPOINT_LAYER_LIMIT, DEFAULT_RETAINED_CHECKPOINTS,
     ExportSpec, Fill, ImportHold, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS,
-    MAX_UNCOMPLETED, MAX_VALUE_LEN, MIN_CHECKPOINT_LAYER_LIMIT, MemoryUsage, Notify,
+    MAX_LIST_LEN, MAX_UNCOMPLETED, MAX_VALUE_LEN, MIN_CHECKPOINT_LAYER_LIMIT, MemoryUsage, Notify,
     RecoveryReport, Released, RestoreSpec, Restored, RestoredManifest, StallCause, Store,
     StoreConfig, StoreStats, TierConfig, TierStats,
 };

@@ -27,8 +27,12 @@ pub(crate) const CHUNK: usize = 2 << 20;
 /// [`Memtable::keep_spares`]).
 pub(crate) const SPARES_AHEAD: usize = 2;
 const CHUNK_BITS: u32 = 21;
-/// `u8 kind | u8 0 | u16 key_len | u32 value_len | u64 prev (addr+1 or 0)`.
+/// `u8 kind | u8 0 | u16 key_len | u32 value_len | u64 prev (addr+1 or 0)`,
+/// then key and value; a `Merge` record then has a `u64` trailer: its
+/// list's bytes in this memtable so far, shifted left by one, with bit 0
+/// set when the chain ends in a `Put` or `Delete` here ([`ListBytes`]).
 const REC_HEADER: usize = 16;
+const MERGE_TRAILER: usize = 8;
 const EMPTY: u64 = 0;
 const TOMB: u64 = 1;
 const ADDR_MASK: u64 = (1 << 48) - 1;
@@ -41,6 +45,16 @@ pub struct MemRecord<'a> {
     pub value: &'a [u8],
     /// The previous record of this key, for `Merge` chains.
     pub prev: Option<u64>,
+}
+
+/// What one layer knows of a list's length without reading it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ListBytes {
+    /// Encoded bytes of the list's elements in this layer.
+    pub bytes: u64,
+    /// A `Put` or `Delete` in this layer ends the list here: older layers
+    /// add nothing to it.
+    pub decided: bool,
 }
 
 /// An in-memory table of records.
@@ -179,8 +193,16 @@ impl Memtable {
             + self.map_key_bytes
     }
 
-    fn append(&mut self, kind: Kind, key: &[u8], value: &[u8], prev: Option<u64>) -> u64 {
-        let need = REC_HEADER + key.len() + value.len();
+    fn append(
+        &mut self,
+        kind: Kind,
+        key: &[u8],
+        value: &[u8],
+        prev: Option<u64>,
+        list: Option<ListBytes>,
+    ) -> u64 {
+        let trailer = if list.is_some() { MERGE_TRAILER } else { 0 };
+        let need = REC_HEADER + key.len() + value.len() + trailer;
         let need_aligned = need.next_multiple_of(8);
         if self.tail + need_aligned > CHUNK || self.chunks.is_empty() {
             let size = need_aligned.max(CHUNK);
@@ -200,20 +222,28 @@ impl Memtable {
                 // A record larger than a chunk gets a chunk of its own, and
                 // the next record starts a fresh one.
                 let addr = ((self.chunks.len() - 1) as u64) << CHUNK_BITS;
-                self.write_record(addr, kind, key, value, prev);
+                self.write_record(addr, kind, key, value, prev, list);
                 self.tail = CHUNK;
                 self.log_bytes += need;
                 return addr;
             }
         }
         let addr = (((self.chunks.len() - 1) as u64) << CHUNK_BITS) | self.tail as u64;
-        self.write_record(addr, kind, key, value, prev);
+        self.write_record(addr, kind, key, value, prev, list);
         self.tail += need_aligned;
         self.log_bytes += need;
         addr
     }
 
-    fn write_record(&mut self, addr: u64, kind: Kind, key: &[u8], value: &[u8], prev: Option<u64>) {
+    fn write_record(
+        &mut self,
+        addr: u64,
+        kind: Kind,
+        key: &[u8],
+        value: &[u8],
+        prev: Option<u64>,
+        list: Option<ListBytes>,
+    ) {
         let (c, off) = (
             (addr >> CHUNK_BITS) as usize,
             (addr & (CHUNK as u64 - 1)) as usize,
@@ -225,16 +255,26 @@ impl Memtable {
         buf[4..8].copy_from_slice(&(value.len() as u32).to_le_bytes());
         buf[8..16].copy_from_slice(&prev.map_or(0, |p| p + 1).to_le_bytes());
         buf[REC_HEADER..REC_HEADER + key.len()].copy_from_slice(key);
-        buf[REC_HEADER + key.len()..REC_HEADER + key.len() + value.len()].copy_from_slice(value);
+        let end = REC_HEADER + key.len() + value.len();
+        buf[REC_HEADER + key.len()..end].copy_from_slice(value);
+        if let Some(l) = list {
+            let t = (l.bytes << 1) | u64::from(l.decided);
+            buf[end..end + MERGE_TRAILER].copy_from_slice(&t.to_le_bytes());
+        }
     }
 
-    /// The record at `addr` (an address this memtable handed out).
-    pub fn record(&self, addr: u64) -> MemRecord<'_> {
+    /// The log from `addr` (an address this memtable handed out) on.
+    fn bytes_at(&self, addr: u64) -> &[u8] {
         let (c, off) = (
             (addr >> CHUNK_BITS) as usize,
             (addr & (CHUNK as u64 - 1)) as usize,
         );
-        let b = &self.chunks[c][off..];
+        &self.chunks[c][off..]
+    }
+
+    /// The record at `addr` (an address this memtable handed out).
+    pub fn record(&self, addr: u64) -> MemRecord<'_> {
+        let b = self.bytes_at(addr);
         let kind = Kind::from_u8(b[0]).expect("the memtable writes only valid kinds");
         let klen = u16::from_le_bytes([b[2], b[3]]) as usize;
         let vlen = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
@@ -248,21 +288,13 @@ impl Memtable {
     }
 
     fn key_at(&self, addr: u64) -> &[u8] {
-        let (c, off) = (
-            (addr >> CHUNK_BITS) as usize,
-            (addr & (CHUNK as u64 - 1)) as usize,
-        );
-        let b = &self.chunks[c][off..];
+        let b = self.bytes_at(addr);
         let klen = u16::from_le_bytes([b[2], b[3]]) as usize;
         &b[REC_HEADER..REC_HEADER + klen]
     }
 
     fn record_ptr(&self, addr: u64) -> *const u8 {
-        let (c, off) = (
-            (addr >> CHUNK_BITS) as usize,
-            (addr & (CHUNK as u64 - 1)) as usize,
-        );
-        self.chunks[c][off..].as_ptr()
+        self.bytes_at(addr).as_ptr()
     }
 
     /// Starts the first memory load a lookup of hash `h` will need: its
@@ -402,7 +434,7 @@ impl Memtable {
     /// Writes a `Put`, `Delete` or `Clear` record for `key`.
     pub fn write(&mut self, kind: Kind, key: &[u8], h: u64, value: &[u8]) {
         debug_assert!(kind != Kind::Merge);
-        let addr = self.append(kind, key, value, None);
+        let addr = self.append(kind, key, value, None, None);
         self.set_slot(key, h, addr);
     }
 
@@ -413,7 +445,7 @@ impl Memtable {
     /// an overwrite costs no ordered-set lookup.
     pub fn write_map_entry(&mut self, kind: Kind, key: &[u8], h: u64, value: &[u8]) {
         debug_assert!(matches!(kind, Kind::Put | Kind::Delete));
-        let addr = self.append(kind, key, value, None);
+        let addr = self.append(kind, key, value, None, None);
         // New to the index, so new to the set: one tree walk, not two.
         if self.set_slot(key, h, addr) && self.map_keys.insert(key.into()) {
             self.map_key_bytes += key.len() + 32;
@@ -423,8 +455,45 @@ impl Memtable {
     /// Appends list elements (already encoded) to `key`'s chain.
     pub fn merge(&mut self, key: &[u8], h: u64, operand: &[u8]) {
         let prev = self.lookup_addr(key, h);
-        let addr = self.append(Kind::Merge, key, operand, prev);
+        let before = prev.map_or(ListBytes::default(), |a| self.list_bytes_at(a));
+        let list = ListBytes {
+            bytes: before.bytes + operand.len() as u64,
+            decided: before.decided,
+        };
+        let addr = self.append(Kind::Merge, key, operand, prev, Some(list));
         self.set_slot(key, h, addr);
+    }
+
+    /// What this memtable holds of the list at `key` (`None`: no record),
+    /// known without walking its chain.
+    pub fn list_bytes(&self, key: &[u8], h: u64) -> Option<ListBytes> {
+        self.lookup_addr(key, h).map(|a| self.list_bytes_at(a))
+    }
+
+    fn list_bytes_at(&self, addr: u64) -> ListBytes {
+        let r = self.record(addr);
+        match r.kind {
+            Kind::Merge => {
+                let at = REC_HEADER + r.key.len() + r.value.len();
+                let t = u64::from_le_bytes(
+                    self.bytes_at(addr)[at..at + MERGE_TRAILER]
+                        .try_into()
+                        .expect("8 bytes"),
+                );
+                ListBytes {
+                    bytes: t >> 1,
+                    decided: t & 1 == 1,
+                }
+            }
+            Kind::Put => ListBytes {
+                bytes: r.value.len() as u64,
+                decided: true,
+            },
+            Kind::Delete | Kind::Clear => ListBytes {
+                bytes: 0,
+                decided: true,
+            },
+        }
     }
 
     /// Records that `key` is a map entry (for ordered iteration and clear).
@@ -555,6 +624,51 @@ impl Memtable {
 mod tests {
     use super::*;
     use crate::bloom::hash;
+
+    #[test]
+    fn a_merge_record_carries_its_lists_bytes() {
+        let mut m = Memtable::new(16);
+        let (a, b, c) = (&b"a"[..], &b"b"[..], &b"c"[..]);
+        assert_eq!(m.list_bytes(a, hash(a)), None);
+        m.merge(a, hash(a), &[0; 7]);
+        m.merge(a, hash(a), &[0; 5]);
+        assert_eq!(
+            m.list_bytes(a, hash(a)),
+            Some(ListBytes {
+                bytes: 12,
+                decided: false
+            })
+        );
+        m.write(Kind::Put, b, hash(b), &[0; 100]);
+        m.merge(b, hash(b), &[0; 3]);
+        assert_eq!(
+            m.list_bytes(b, hash(b)),
+            Some(ListBytes {
+                bytes: 103,
+                decided: true
+            })
+        );
+        m.write(Kind::Delete, c, hash(c), &[]);
+        m.merge(c, hash(c), &[0; 9]);
+        assert_eq!(
+            m.list_bytes(c, hash(c)),
+            Some(ListBytes {
+                bytes: 9,
+                decided: true
+            })
+        );
+        // The trailer changes nothing a read sees.
+        let r = m.lookup(c, hash(c)).unwrap();
+        assert_eq!((r.kind, r.value.len()), (Kind::Merge, 9));
+        m.write(Kind::Put, a, hash(a), &[0; 4]);
+        assert_eq!(
+            m.list_bytes(a, hash(a)),
+            Some(ListBytes {
+                bytes: 4,
+                decided: true
+            })
+        );
+    }
 
     #[test]
     fn put_overwrite_delete_and_growth() {

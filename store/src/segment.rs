@@ -243,6 +243,26 @@ impl Segment {
         }
     }
 
+    /// An upper bound on the bytes of `key`'s value in this layer, from
+    /// memory alone (no read): 0 when the clip, the key-group bounds or
+    /// the filter rule the key out; else the length of the block the
+    /// index names for it, which is one page unless the block is a single
+    /// record (FORMAT.md §4), in which case it counts only if that record
+    /// is `key`'s.
+    pub fn value_bound(&self, key: &[u8], h: u64) -> u64 {
+        if self.clipped(key) || !self.may_contain(key, h) {
+            return 0;
+        }
+        let Some(i) = self.index.find(key) else {
+            return 0;
+        };
+        let (_, len) = self.index.block(i);
+        if len as usize > ALIGN && self.index.last_key(i) != key {
+            return 0;
+        }
+        len as u64
+    }
+
     /// Whether the clip hides `key`.
     #[inline]
     pub fn clipped(&self, key: &[u8]) -> bool {

@@ -304,6 +304,16 @@ impl<I: Io> Store<I> {
             if j.bottom && matches!(kind, Kind::Delete | Kind::Clear) {
                 continue;
             }
+            if value.len() > u32::MAX as usize {
+                // Appends are capped (`list_cap`); only layers from
+                // elsewhere could join into more than a record's length
+                // holds. Fail the compaction rather than wrap it.
+                return self.abandon_compaction(StoreError::TooLarge {
+                    what: "joined list",
+                    len: value.len(),
+                    max: u32::MAX as usize,
+                });
+            }
             j.scratch = value;
             j.writer.add(&mut self.io, kind, &key, &j.scratch);
         }

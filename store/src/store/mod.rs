@@ -23,6 +23,7 @@ mod compact;
 mod flush;
 mod iter;
 mod layers;
+mod list_cap;
 mod markers;
 mod opening;
 mod portable;
@@ -36,6 +37,7 @@ pub use checkpoint::{
     CheckpointInfo, CheckpointSpec, MAX_UNCOMPLETED, Notify, Released, RestoreSpec, Restored,
     RestoredManifest,
 };
+pub use list_cap::MAX_LIST_LEN;
 pub use portable::{
     ExportSpec, Fill, ImportHold, ImportSpec, ImportStep, Imported, MAX_EXPORTS, MAX_IMPORTS,
 };
@@ -123,6 +125,9 @@ pub struct StoreConfig {
     /// open does (benches/RESULTS.md). The memory is held from the start,
     /// as the JVM's `-XX:+AlwaysPreTouch` holds its heap.
     pub prefault_memory: bool,
+    /// The largest list, in encoded bytes: an append that might take a
+    /// list past it is refused (`list_cap`). At most [`MAX_LIST_LEN`].
+    pub max_list_len: usize,
 }
 
 impl StoreConfig {
@@ -141,6 +146,7 @@ impl StoreConfig {
             retained_checkpoints: DEFAULT_RETAINED_CHECKPOINTS,
             checkpoint_layer_limit: DEFAULT_CHECKPOINT_LAYER_LIMIT,
             prefault_memory: false,
+            max_list_len: MAX_LIST_LEN,
         }
     }
 
@@ -871,6 +877,11 @@ impl<I: Io> Store<I> {
         mut io: I,
         tiered: bool,
     ) -> Result<(Store<I>, RecoveryReport), StoreError> {
+        if cfg.max_list_len > MAX_LIST_LEN {
+            return Err(StoreError::Invalid(
+                "max_list_len must be at most MAX_LIST_LEN (1 GiB)",
+            ));
+        }
         if cfg.memtable_bytes() > cfg.memory_budget / 2 {
             return Err(StoreError::Invalid(
                 "memtable_bytes must be at most half the memory budget: the active memtable and the one being flushed share it",

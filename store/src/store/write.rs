@@ -55,6 +55,7 @@ impl<I: Io> Store<I> {
             Op::Delete(_) => self.active.write(Kind::Delete, key, h, &[]),
             Op::ListAppend(_, e) => {
                 check_value(e)?;
+                self.check_list_room(key, h, 4 + e.len())?;
                 self.scratch.clear();
                 encode_element(&mut self.scratch, e);
                 let operand = std::mem::take(&mut self.scratch);
@@ -65,6 +66,7 @@ impl<I: Io> Store<I> {
                 check_value(list)?;
                 crate::ops::check_elements(list)
                     .ok_or(StoreError::Invalid("malformed element list"))?;
+                self.check_list_room(key, h, list.len())?;
                 // The operand is already what a list's operands join into.
                 if !list.is_empty() {
                     self.active.merge(key, h, list);
@@ -236,18 +238,37 @@ impl<I: Io> Store<I> {
     /// first, then all are applied before any read can observe them.
     pub fn write_batch(&mut self, batch: &[Op<'_>]) -> Result<(), StoreError> {
         self.check_memory()?;
+        // Appends of the batch so far, per list: each is checked against
+        // the cap with the ones before it.
+        let mut appended: Vec<(Vec<u8>, usize)> = Vec::new();
         for op in batch {
             match *op {
                 Op::Put(k, v)
                 | Op::ListAppend(k, v)
                 | Op::ListAppendAll(k, v)
                 | Op::ListReplace(k, v) => {
-                    encode(&k, None)?;
+                    let key = encode(&k, None)?;
                     check_value(v)?;
                     if let Op::ListReplace(_, l) | Op::ListAppendAll(_, l) = op {
                         crate::ops::check_elements(l)
                             .ok_or(StoreError::Invalid("malformed element list"))?;
                     }
+                    let add = match op {
+                        Op::ListAppend(..) => 4 + v.len(),
+                        Op::ListAppendAll(..) => v.len(),
+                        _ => continue,
+                    };
+                    let before = match appended.iter_mut().find(|(k, _)| *k == key) {
+                        Some((_, n)) => {
+                            *n += add;
+                            *n - add
+                        }
+                        None => {
+                            appended.push((key.clone(), add));
+                            0
+                        }
+                    };
+                    self.check_list_room(&key, bloom::hash(&key), before + add)?;
                 }
                 Op::Delete(k) | Op::Clear(k, _) => {
                     encode(&k, None)?;
