@@ -887,6 +887,18 @@ fn torn_and_corrupt_manifests_are_set_aside_and_refused() {
         Err(StoreError::Restore(m)) => assert!(m.contains("no checkpoint manifest"), "{m}"),
         other => panic!("a damaged checkpoint restored: {other:?}"),
     }
+    // A manifest's number is never given to another, even when every one
+    // was set aside: the next checkpoint's is past them all.
+    let seq = |h: &[u8]| Handle::decode(h).unwrap().seq;
+    let h4 = checkpoint(&mut s, whole(4)).unwrap();
+    assert!(seq(&h4) > seq(&h3), "{} reused", seq(&h4));
+    drop(s);
+    let mut cfg = StoreConfig::new(dir.path(), 2 << 30);
+    cfg.memtable_bytes = Some(1 << 30);
+    let (mut s, _) = Store::open(cfg, SyncIo::new(true)).unwrap();
+    assert!(s.restore(WHOLE, &[&h4]).is_ok());
+    let h5 = checkpoint(&mut s, whole(5)).unwrap();
+    assert!(seq(&h5) > seq(&h4), "{} reused", seq(&h5));
 }
 
 /// Past `checkpoint_layer_limit` layers a checkpoint should wait, until
@@ -968,4 +980,75 @@ fn a_stale_marker_that_cannot_be_deleted_fails_the_open() {
         Err(e) => assert!(e.to_string().contains("stale checkpoint marker"), "{e}"),
         Ok(_) => panic!("a stale marker that stayed let the store open"),
     }
+}
+
+/// A read error at open must change nothing when the open then fails: a
+/// compaction that merged a restored layer (whose file was deleted once
+/// its checkpoint went, while `LAYERS` still names it until the list is
+/// rewritten) read with a flipped bit would be set aside, and every later
+/// open would then fail on the restored layer's missing file (the
+/// daemon's simulator found it).
+#[test]
+fn a_failed_open_sets_nothing_aside() {
+    use stator_store::io::{Fault, FaultIo, FaultPlan};
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = open(dir.path(), true, || SyncIo::new(true));
+    let k1 = (0usize, 1u16, 0u8);
+    run(&mut s, Op::Put(kr(&k1, 0), b"old")).unwrap();
+    // Enough keys that the middle of the output's filter and index region
+    // (where the flip lands) is covered by their checksum.
+    for i in 0..20_000u32 {
+        let key = KeyRef {
+            key_group: (i % u32::from(KGS)) as u16,
+            state: STATES[0][0],
+            key: &i.to_be_bytes(),
+            namespace: b"filler",
+        };
+        run(&mut s, Op::Put(key, &[7; 20])).unwrap();
+    }
+    let h1 = checkpoint(&mut s, whole(1)).unwrap();
+    run(&mut s, Op::Put(kr(&k1, 0), b"new")).unwrap();
+    s.restore(WHOLE, &[&h1]).unwrap();
+    settle_fully(&mut s);
+    // The list naming the restored layer, as a crash before its rewrite
+    // leaves it.
+    let named = std::fs::read(dir.path().join("LAYERS")).unwrap();
+    s.flush();
+    s.compact_all();
+    settle_fully(&mut s);
+    assert_eq!(s.stats().segments, 1);
+    assert_eq!(s.release_checkpoints(OWNERS[0], &[&h1]).unwrap().count, 1);
+    settle_fully(&mut s);
+    drop(s);
+    std::fs::write(dir.path().join("LAYERS"), &named).unwrap();
+    let segments = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with("seg-"))
+            .collect::<Vec<_>>()
+    };
+    let before = segments();
+    // The second read of the open (the compaction output's filter and
+    // index) comes back with a flipped bit.
+    let flip = FaultPlan {
+        after: 1,
+        fault: Fault::ReadBitFlip,
+        sticky: false,
+    };
+    let mut cfg = StoreConfig::new(dir.path(), 2 << 30);
+    cfg.memtable_bytes = Some(1 << 30);
+    match Store::open(cfg.clone(), FaultIo::new(SyncIo::new(true), Some(flip))) {
+        Err(StoreError::Restore(m)) => assert!(m.contains("cannot be opened"), "{m}"),
+        Err(e) => panic!("another error: {e}"),
+        Ok((_, rep)) => panic!("opened without a layer's file: {rep:?}"),
+    }
+    assert_eq!(segments(), before, "a failed open changed the files");
+    let (mut s, rep) = Store::open(cfg, SyncIo::new(true)).unwrap();
+    assert!(rep.torn.is_empty() && rep.segments == 1, "{rep:?}");
+    assert_eq!(
+        run(&mut s, Op::Get(kr(&k1, 0))).unwrap(),
+        Owned::Value(Some(b"old".to_vec()))
+    );
 }

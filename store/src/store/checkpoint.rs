@@ -189,6 +189,16 @@ impl Checkpoints {
         for e in std::fs::read_dir(dir).map_err(dir_err)? {
             let e = e.map_err(dir_err)?;
             let name = e.file_name().to_string_lossy().to_string();
+            // One set aside at an earlier open keeps its number: a number
+            // is never given to a second manifest (a handle names one by
+            // number and checksum).
+            if let Some(seq) = name
+                .strip_suffix(".torn")
+                .and_then(manifest::parse_file_name)
+            {
+                c.next_seq = c.next_seq.max(seq + 1);
+                continue;
+            }
             let Some(seq) = manifest::parse_file_name(&name) else {
                 continue;
             };
@@ -211,6 +221,7 @@ impl Checkpoints {
                         Err(m) => m.0,
                         Ok(_) => "manifest number differs from its file name",
                     };
+                    c.next_seq = c.next_seq.max(seq + 1);
                     let torn = path.with_extension("manifest.torn");
                     if report.rename(&path, &torn) {
                         report.torn.push((torn, why.to_string()));

@@ -1019,8 +1019,48 @@ impl<I: Io> Store<I> {
                 "{LAYERS_FILE} names {was} for a restored state, which failed its checks (left where it is): {why}"
             )));
         }
+        // Every restored layer's file is opened before anything is set
+        // aside or deleted: an open that fails must change nothing (a
+        // read error need not last, and a compaction output set aside by
+        // one would leave the layers it merged, whose files are gone,
+        // failing every later open; the simulator found it).
+        let (merged, imports): (Vec<ImportRec>, Vec<ImportRec>) =
+            imports.into_iter().partition(|imp| {
+                keep.iter()
+                    .any(|&j| supersedes(&segs[j].footer, imp.generation, imp.order, imp.order))
+            });
+        rewrite |= !merged.is_empty();
+        // Segments a restore references, under the order the restore gave
+        // them.
+        let mut restored = Vec::new();
+        for imp in &imports {
+            let path = tier::layer_path(&cfg.dir, &imp.name);
+            let cannot = |e: StoreError| {
+                StoreError::Restore(format!(
+                    "{} names {} for a restored state, which cannot be opened: {e}",
+                    LAYERS_FILE, imp.name
+                ))
+            };
+            // A file that is also a layer of its own shares its metadata.
+            let mut seg = match keep.iter().map(|&j| &segs[j]).find(|s| s.path == path) {
+                Some(k) => {
+                    let file = io
+                        .open(&path, OpenMode::Read)
+                        .map_err(|e| cannot(StoreError::io(&path, "open", &e)))?;
+                    k.another_layer(next_id, file)
+                }
+                None => {
+                    Self::open_segment(&mut io, &path, next_id, &mut Vec::new()).map_err(cannot)?
+                }
+            };
+            next_id += 1;
+            seg.footer.order = imp.order;
+            seg.footer.min_order = imp.order;
+            seg.clip = Some(imp.clip.clone());
+            restored.push(seg);
+        }
         for (path, was, why, incomplete) in torn {
-            let layer = imports.iter().any(|imp| imp.name == was);
+            let layer = imports.iter().chain(&merged).any(|imp| imp.name == was);
             let named = layer || ckpt.pinned(&was);
             if incomplete && !named && in_flight(&was) {
                 if report.remove(&path) {
@@ -1042,12 +1082,6 @@ impl<I: Io> Store<I> {
                 report.torn.push((path, why));
             }
         }
-        let (merged, imports): (Vec<ImportRec>, Vec<ImportRec>) =
-            imports.into_iter().partition(|imp| {
-                keep.iter()
-                    .any(|&j| supersedes(&segs[j].footer, imp.generation, imp.order, imp.order))
-            });
-        rewrite |= !merged.is_empty();
         let mut live: Vec<Rc<Segment>> = Vec::new();
         let mut superseded_kept = Vec::new();
         for (i, s) in segs.into_iter().enumerate() {
@@ -1089,34 +1123,7 @@ impl<I: Io> Store<I> {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| dir_err(e.to_string()))?;
         }
-        // Segments a restore references, under the order the restore gave
-        // them.
-        for imp in imports {
-            let path = tier::layer_path(&cfg.dir, &imp.name);
-            let cannot = |e: StoreError| {
-                StoreError::Restore(format!(
-                    "{} names {} for a restored state, which cannot be opened: {e}",
-                    LAYERS_FILE, imp.name
-                ))
-            };
-            // A file that is also a layer of its own shares its metadata.
-            let mut seg = match live.iter().find(|s| s.path == path) {
-                Some(k) => {
-                    let file = io
-                        .open(&path, OpenMode::Read)
-                        .map_err(|e| cannot(StoreError::io(&path, "open", &e)))?;
-                    k.another_layer(next_id, file)
-                }
-                None => {
-                    Self::open_segment(&mut io, &path, next_id, &mut Vec::new()).map_err(cannot)?
-                }
-            };
-            next_id += 1;
-            seg.footer.order = imp.order;
-            seg.footer.min_order = imp.order;
-            seg.clip = Some(imp.clip);
-            live.push(Rc::new(seg));
-        }
+        live.extend(restored.into_iter().map(Rc::new));
         if !tiered
             && let Some(s) = live
                 .iter()
