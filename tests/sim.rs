@@ -7,9 +7,12 @@
 //! control thread sends, and every client is the Rust client's `Session`
 //! over the session's real shared-memory segment. Three operators each
 //! run one or two subtasks (sessions over parts of their key groups). One
-//! seeded generator decides everything: which operator does what, its
-//! keys and values, when a checkpoint is taken (a barrier in every
-//! subtask), when a subtask dies in the middle of its requests, when a
+//! seeded generator decides everything: which operator does what to its
+//! value, list and map states (lists under a small cap, so appends meet
+//! it), its keys and values, when a checkpoint is taken (a barrier in every
+//! subtask, then its completion or abort told to every subtask, as Flink's
+//! coordinator tells them, so the store deletes what it no longer needs),
+//! when a subtask dies in the middle of its requests, when a
 //! hostile client scribbles over its own segment, when the machine crashes
 //! (a power loss: writes no fsync made durable are lost), how many
 //! subtasks each operator comes back with (a rescale, restored by
@@ -22,7 +25,10 @@
 //! What must hold, checked at every completion and restart:
 //! - an honest client's read returns what its model holds (per-key order:
 //!   a read sees every write submitted before it); an error status is
-//!   allowed only while a fault was planned, a wrong value never;
+//!   allowed only while a fault was planned, a wrong value never (and an
+//!   append may be refused at the list cap, which a small cap makes
+//!   common: a refused one changes nothing, a taken one never takes a
+//!   list past the cap);
 //! - a checkpoint that completed in every subtask restores exactly its
 //!   model after a crash and a rescale (nothing acknowledged is lost);
 //! - an imported snapshot reads back exactly what its exporter's model
@@ -47,7 +53,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use stator_client::{Opcode, OpenOptions, Request, Session, Status};
+use stator_client::{Notify, Opcode, OpenOptions, Request, Session, Status};
 use stator_ring::control::kind;
 use stator_ring::{Doorbell, RingParams};
 use stator_shm::Segment;
@@ -88,6 +94,35 @@ type Key = (u16, Vec<u8>);
 struct Model {
     values: BTreeMap<Key, Vec<u8>>,
     maps: BTreeMap<(Key, Vec<u8>), Vec<u8>>,
+    /// Lists, encoded as `ListGet` returns them (`u32 len | bytes` each).
+    lists: BTreeMap<Key, Vec<u8>>,
+}
+
+impl Model {
+    /// The part of the model in key groups `kg`, less `skip`'s keys.
+    fn part(&self, kg: (u16, u16), skip: &HashSet<Key>) -> Model {
+        let mine = |k: &Key| (kg.0..=kg.1).contains(&k.0) && !skip.contains(k);
+        Model {
+            values: self
+                .values
+                .iter()
+                .filter(|(k, _)| mine(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            maps: self
+                .maps
+                .iter()
+                .filter(|((k, _), _)| mine(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            lists: self
+                .lists
+                .iter()
+                .filter(|(k, _)| mine(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// What a request in flight must answer.
@@ -96,10 +131,34 @@ enum Expect {
     Read(Key, Option<Vec<u8>>),
     /// A map entry read.
     MapRead(Key, Vec<u8>, Option<Vec<u8>>),
+    /// A list read: the whole list, or not found.
+    ListRead(Key, Option<Vec<u8>>),
+    /// An append of this encoded element, applied to the model when it
+    /// completes (`Operator::appending`): the store may refuse it at the
+    /// list cap.
+    Append(Key, Vec<u8>),
     /// A write to this key (its failure makes the key unknown).
     Write(Key),
     /// A checkpoint of one part of its operator (see `Operator::pending`).
     Checkpoint(u64, usize),
+    /// A checkpoint's completion or abort, told to a part as Flink tells
+    /// its tasks (without it, checkpoints pile up until the store refuses
+    /// more: `MAX_UNCOMPLETED`).
+    Notify,
+}
+
+impl Expect {
+    fn what(&self) -> String {
+        match self {
+            Expect::Read(..) => "read".to_string(),
+            Expect::MapRead(..) => "map read".to_string(),
+            Expect::ListRead(..) => "list read".to_string(),
+            Expect::Append(..) => "append".to_string(),
+            Expect::Write(..) => "write".to_string(),
+            Expect::Checkpoint(id, _) => format!("checkpoint {id}"),
+            Expect::Notify => "notify".to_string(),
+        }
+    }
 }
 
 const JOB: &str = "sim";
@@ -107,6 +166,9 @@ const KEY_GROUPS: u16 = 128;
 /// Small key spaces: reads find what was written, writes overwrite.
 const KEYS: u64 = 600;
 const USER_KEYS: u64 = 4;
+/// The store's list cap (`StoreConfig::max_list_len`), small so that
+/// lists reach it: a few of the larger values, or ~100 small ones.
+const LIST_CAP: usize = 12 << 10;
 
 /// An operator: its state, as far as it knows, over every key group;
 /// one session (a part) per subtask serves a range of them.
@@ -121,6 +183,36 @@ struct Operator {
     /// Checkpoints in progress: each part's handle as it completes, the
     /// model as of the barriers (taken in one turn, no write between).
     pending: HashMap<u64, PendingCheckpoint>,
+    /// Lists with an append in flight: whether the store takes it is
+    /// known only at its completion, so no other request of that list is
+    /// sent meanwhile, and no barrier (see `Sim::checkpoint`).
+    appending: HashSet<Key>,
+}
+
+impl Operator {
+    /// An append of `element` to the list at `k` answered: taken (`ok`),
+    /// refused at the list cap (`capped`), or failed (the list becomes
+    /// unknown). A taken one must leave the list within the cap.
+    fn appended(&mut self, seed: u64, k: Key, element: &[u8], ok: bool, capped: bool) {
+        self.appending.remove(&k);
+        if !ok {
+            if !capped {
+                self.unknown.insert(k);
+            }
+            return;
+        }
+        if self.unknown.contains(&k) {
+            return;
+        }
+        let list = self.model.lists.entry(k.clone()).or_default();
+        list.extend_from_slice(element);
+        assert!(
+            list.len() <= LIST_CAP,
+            "seed {seed}: {} list {k:?} was taken past the cap: {} bytes",
+            self.name,
+            list.len()
+        );
+    }
 }
 
 struct PendingCheckpoint {
@@ -141,6 +233,8 @@ struct Seen {
     ok: bool,
     /// `Ok`.
     found: bool,
+    /// `TooLarge` (an append at the list cap).
+    too_large: bool,
     slot: Option<u32>,
     len: u32,
     last: bool,
@@ -155,9 +249,10 @@ struct Client {
     kg: (u16, u16),
     session: Session,
     sid: u64,
-    /// Session-local ids of its value and map states.
+    /// Session-local ids of its value, map and list states.
     value_state: u32,
     map_state: u32,
+    list_state: u32,
     in_flight: HashMap<u64, Expect>,
     next_token: u64,
 }
@@ -206,6 +301,8 @@ struct Counts {
     scribbles: u64,
     failed_opens: u64,
     rescales: u64,
+    /// Appends refused at the list cap.
+    list_refusals: u64,
     /// Portable snapshots exported and imported into a new operator, and
     /// how many of the exports were of a retained checkpoint.
     exports: u64,
@@ -234,6 +331,7 @@ fn open_shard(
     // A failed flush is retried after this (wall-clock) delay: short, as
     // the simulation's turns are.
     cfg.retry_delay = Duration::from_millis(1);
+    cfg.max_list_len = LIST_CAP;
     let mut io = FaultIo::new(SyncIo::new(false), plan);
     io.lose_unsynced_writes();
     if let Some(d) = slow_fsync {
@@ -317,6 +415,7 @@ impl Sim {
             unknown: HashSet::new(),
             restorable: None,
             pending: HashMap::new(),
+            appending: HashSet::new(),
         });
     }
 
@@ -386,15 +485,9 @@ impl Sim {
             .clients
             .iter()
             .flat_map(|c| {
-                c.in_flight.values().map(move |e| {
-                    let what = match e {
-                        Expect::Read(..) => "read".to_string(),
-                        Expect::MapRead(..) => "map read".to_string(),
-                        Expect::Write(..) => "write".to_string(),
-                        Expect::Checkpoint(id, _) => format!("checkpoint {id}"),
-                    };
-                    format!("{} part {}: {what}", c.op, c.part)
-                })
+                c.in_flight
+                    .values()
+                    .map(move |e| format!("{} part {}: {}", c.op, c.part, e.what()))
             })
             .collect();
         panic!(
@@ -447,10 +540,10 @@ impl Sim {
         let store_id =
             Registry::register_durably(&self.registry, JOB, operator, &[(name, k)]).unwrap()[0];
         let (reply, rx) = crossbeam_channel::bounded(1);
-        let kind = if k == kind::MAP {
-            StateKind::Map
-        } else {
-            StateKind::Value
+        let kind = match k {
+            kind::MAP => StateKind::Map,
+            kind::LIST => StateKind::List,
+            _ => StateKind::Value,
         };
         self.tx
             .send(ShardMsg::AddState {
@@ -471,6 +564,7 @@ impl Sim {
         let (sid, fds) = self.open_session(&name, kg);
         let value_state = self.add_state(sid, &name, "value", kind::VALUE);
         let map_state = self.add_state(sid, &name, "map", kind::MAP);
+        let list_state = self.add_state(sid, &name, "list", kind::LIST);
         let (sock, _) = UnixStream::pair().unwrap();
         let session = Session::attach(sock, fds, sid, kg, &OpenOptions::new(JOB, &name)).unwrap();
         Client {
@@ -481,6 +575,7 @@ impl Sim {
             sid,
             value_state,
             map_state,
+            list_state,
             in_flight: HashMap::new(),
             next_token: 1,
         }
@@ -509,7 +604,13 @@ impl Sim {
             let key = self.key();
             let uk = self.rng.below(USER_KEYS).to_be_bytes().to_vec();
             let value = self.value();
-            let pick = self.rng.below(100);
+            let pick = self.rng.below(120);
+            if pick >= 100 && self.operators[o].appending.contains(&key) {
+                // Its list's length is not known until the append answers.
+                continue;
+            }
+            let mut element = (value.len() as u32).to_le_bytes().to_vec();
+            element.extend_from_slice(&value);
             let c = self
                 .clients
                 .iter()
@@ -520,7 +621,7 @@ impl Sim {
             }
             let (cl, op) = (&mut self.clients[c], &mut self.operators[o]);
             let token = cl.next_token;
-            let (vs, ms) = (cl.value_state, cl.map_state);
+            let (vs, ms, ls) = (cl.value_state, cl.map_state, cl.list_state);
             let (req, expect) = match pick {
                 0..=29 => (
                     Request {
@@ -560,8 +661,26 @@ impl Sim {
                         op.model.maps.get(&(key.clone(), uk.clone())).cloned(),
                     ),
                 ),
-                _ => (
+                95..=99 => (
                     Request::new(Opcode::Clear, ms, key.0, &key.1),
+                    Expect::Write(key.clone()),
+                ),
+                100..=109 => (
+                    Request {
+                        value: &value,
+                        ..Request::new(Opcode::ListAppend, ls, key.0, &key.1)
+                    },
+                    Expect::Append(key.clone(), element),
+                ),
+                110..=116 => (
+                    Request {
+                        capacity: 16 << 10,
+                        ..Request::new(Opcode::ListGet, ls, key.0, &key.1)
+                    },
+                    Expect::ListRead(key.clone(), op.model.lists.get(&key).cloned()),
+                ),
+                _ => (
+                    Request::new(Opcode::Clear, ls, key.0, &key.1),
                     Expect::Write(key.clone()),
                 ),
             };
@@ -583,7 +702,13 @@ impl Sim {
                         .maps
                         .insert((key.clone(), uk.clone()), value.clone());
                 }
+                Opcode::Clear if req.state == ls => {
+                    op.model.lists.remove(&key);
+                }
                 Opcode::Clear => op.model.maps.retain(|(k, _), _| *k != key),
+                Opcode::ListAppend => {
+                    op.appending.insert(key.clone());
+                }
                 _ => {}
             }
             cl.in_flight.insert(token, expect);
@@ -599,6 +724,20 @@ impl Sim {
     /// turn (no write between them), so the model as of now is what the
     /// checkpoint holds once every part completed it.
     fn checkpoint(&mut self, o: usize) {
+        // An append in flight at a barrier may or may not be in the
+        // checkpoint (the cap decides): the model could not say, so the
+        // barrier waits for the operator's appends to answer (or, on a
+        // machine a fault stopped, is not taken).
+        for _ in 0..10_000 {
+            if self.operators[o].appending.is_empty() {
+                break;
+            }
+            self.step();
+            self.reap();
+        }
+        if !self.operators[o].appending.is_empty() {
+            return;
+        }
         let id = self.next_checkpoint;
         self.next_checkpoint += 1;
         let parts: Vec<usize> = (0..self.clients.len())
@@ -637,6 +776,7 @@ impl Sim {
             .shard
             .as_ref()
             .is_some_and(|s| s.store().io().injected > 0);
+        let mut notices = Vec::new();
         for cl in &mut self.clients {
             let op = &mut self.operators[cl.op];
             let mut seen = Vec::new();
@@ -650,12 +790,16 @@ impl Sim {
                     .remove(&token)
                     .unwrap_or_else(|| panic!("seed {seed}: a completion nobody awaits ({token})"));
                 let ok = matches!(status, Ok(Status::Ok) | Ok(Status::NotFound));
-                if !ok {
+                let capped = matches!(expect, Expect::Append(..)) && status == Ok(Status::TooLarge);
+                if capped {
+                    self.counts.list_refusals += 1;
+                } else if !ok {
                     self.counts.errors += 1;
                     assert!(
                         faulty,
-                        "seed {seed}: {} got {status:?} with no fault planned",
-                        op.name
+                        "seed {seed}: {} got {status:?} with no fault planned ({})",
+                        op.name,
+                        expect.what()
                     );
                 }
                 match expect {
@@ -681,6 +825,20 @@ impl Sim {
                             self.counts.checked_reads += 1;
                         }
                     }
+                    Expect::Append(k, element) => op.appended(seed, k, &element, ok, capped),
+                    Expect::ListRead(k, want) => {
+                        if ok && !op.unknown.contains(&k) {
+                            let got = (status == Ok(Status::Ok)).then(|| value.unwrap_or_default());
+                            assert!(
+                                got == want,
+                                "seed {seed}: {} list read {k:?}: {:?} bytes, want {:?}",
+                                op.name,
+                                got.map(|g| g.len()),
+                                want.map(|w| w.len())
+                            );
+                            self.counts.checked_reads += 1;
+                        }
+                    }
                     Expect::MapRead(k, uk, want) => {
                         if ok && !op.unknown.contains(&k) {
                             let got = (status == Ok(Status::Ok)).then(|| value.unwrap_or_default());
@@ -694,6 +852,7 @@ impl Sim {
                             self.counts.checked_reads += 1;
                         }
                     }
+                    Expect::Notify => {}
                     Expect::Checkpoint(id, part) => {
                         let Some(p) = op.pending.get_mut(&id) else {
                             continue;
@@ -709,7 +868,23 @@ impl Sim {
                         let p = op.pending.remove(&id).expect("looked up above");
                         // Keys unknown at the barrier stay unknown in it:
                         // only a checkpoint with none is a restore point.
-                        if !p.failed && op.unknown.is_empty() {
+                        // One older than the restore point completed last
+                        // is not one either: as Flink's coordinator does,
+                        // the newer one subsumed it (the store deleted it
+                        // when told the newer one completed).
+                        let whole = !p.failed
+                            && op.unknown.is_empty()
+                            && op.restorable.as_ref().is_none_or(|r| r.0 < id);
+                        notices.push((
+                            cl.op,
+                            id,
+                            if whole {
+                                Notify::Complete
+                            } else {
+                                Notify::Abort
+                            },
+                        ));
+                        if whole {
                             let handles = p
                                 .handles
                                 .into_iter()
@@ -725,6 +900,24 @@ impl Sim {
                 }
             }
         }
+        for (o, id, kind) in notices {
+            if std::env::var_os("SIM_VERBOSE").is_some() {
+                eprintln!("sim: {} checkpoint {id}: {kind:?}", self.operators[o].name);
+            }
+            for cl in self.clients.iter_mut().filter(|c| c.op == o) {
+                let token = cl.next_token;
+                // A full queue drops the notice, as a lost RPC would.
+                if cl
+                    .session
+                    .submit(&Request::checkpoint_notify(id, kind), token)
+                    .is_ok()
+                {
+                    cl.in_flight.insert(token, Expect::Notify);
+                    cl.next_token += 1;
+                    let _ = cl.session.flush();
+                }
+            }
+        }
     }
 
     /// Client `c` dies with its requests in flight; a new session of its
@@ -736,14 +929,15 @@ impl Sim {
         let op = &mut self.operators[old.op];
         for e in old.in_flight.values() {
             match e {
-                Expect::Write(k) => {
+                Expect::Write(k) | Expect::Append(k, _) => {
+                    op.appending.remove(k);
                     op.unknown.insert(k.clone());
                 }
                 // That part never answers: the checkpoint is not whole.
                 Expect::Checkpoint(id, _) => {
                     op.pending.remove(id);
                 }
-                Expect::Read(..) | Expect::MapRead(..) => {}
+                Expect::Read(..) | Expect::MapRead(..) | Expect::ListRead(..) | Expect::Notify => {}
             }
         }
         self.close(old.sid, old.session);
@@ -821,6 +1015,7 @@ impl Sim {
                         token: d.token,
                         ok: d.check().is_ok(),
                         found: d.status == Ok(Status::Ok),
+                        too_large: d.status == Ok(Status::TooLarge),
                         slot: d.slot,
                         len: d.len,
                         last: d.last,
@@ -852,17 +1047,23 @@ impl Sim {
         // becomes unknown; reads' answers are not checked here).
         let mut early = Vec::new();
         let idle = self.drive(&mut cl.session, |_, seen| {
-            early.extend(seen.iter().map(|d| (d.token, d.ok)));
+            early.extend(seen.iter().map(|d| (d.token, d.ok, d.too_large)));
             early.len() == cl.in_flight.len()
         });
-        for (t, ok) in early {
+        for (t, ok, too_large) in early {
             let expect = cl.in_flight.remove(&t);
+            let capped = too_large && matches!(expect, Some(Expect::Append(..)));
             assert!(
-                ok || self.faulty,
+                ok || capped || self.faulty,
                 "seed {seed}: an error with no fault planned"
             );
-            if let (false, Some(Expect::Write(k))) = (ok, expect) {
-                self.operators[cl.op].unknown.insert(k);
+            let op = &mut self.operators[cl.op];
+            match expect {
+                Some(Expect::Write(k)) if !ok => {
+                    op.unknown.insert(k);
+                }
+                Some(Expect::Append(k, element)) => op.appended(seed, k, &element, ok, capped),
+                _ => {}
             }
         }
         if !idle {
@@ -880,15 +1081,7 @@ impl Sim {
         let (chunks, model, skip) = match from {
             Some((_, handles, model)) => {
                 let chunks = self.export(&mut cl.session, id, Some(&handles.concat()));
-                let part = |k: &Key| (cl.kg.0..=cl.kg.1).contains(&k.0);
-                let model = Model {
-                    values: model.values.into_iter().filter(|(k, _)| part(k)).collect(),
-                    maps: model
-                        .maps
-                        .into_iter()
-                        .filter(|((k, _), _)| part(k))
-                        .collect(),
-                };
+                let model = model.part(cl.kg, &HashSet::new());
                 self.counts.checkpoint_exports += u64::from(chunks.is_some());
                 (chunks, model, HashSet::new())
             }
@@ -925,6 +1118,7 @@ impl Sim {
         self.counts.imports += 1;
         let value_state = self.add_state(sid, &name, "value", kind::VALUE);
         let map_state = self.add_state(sid, &name, "map", kind::MAP);
+        let list_state = self.add_state(sid, &name, "list", kind::LIST);
         let keys: Vec<Key> = (0..KEYS)
             .map(|k| ((k % u64::from(KEY_GROUPS)) as u16, k.to_be_bytes().to_vec()))
             .filter(|k| (kg.0..=kg.1).contains(&k.0))
@@ -939,6 +1133,14 @@ impl Sim {
                     ..Request::new(Opcode::Get, value_state, k.0, &k.1)
                 },
                 model.values.get(k).cloned(),
+            ));
+            want.push((
+                want.len() as u64,
+                Request {
+                    capacity: 16 << 10,
+                    ..Request::new(Opcode::ListGet, list_state, k.0, &k.1)
+                },
+                model.lists.get(k).cloned(),
             ));
             for uk in &uks {
                 want.push((
@@ -1088,23 +1290,7 @@ impl Sim {
     /// out.
     fn part_model(&self, cl: &Client) -> Model {
         let op = &self.operators[cl.op];
-        let mine = |k: &Key| (cl.kg.0..=cl.kg.1).contains(&k.0) && !op.unknown.contains(k);
-        Model {
-            values: op
-                .model
-                .values
-                .iter()
-                .filter(|(k, _)| mine(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            maps: op
-                .model
-                .maps
-                .iter()
-                .filter(|((k, _), _)| mine(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        }
+        op.model.part(cl.kg, &op.unknown)
     }
 
     /// Closes session `sid` as the control side does when its client's
@@ -1174,6 +1360,7 @@ impl Sim {
             let op = &mut self.operators[o];
             op.pending.clear();
             op.unknown.clear();
+            op.appending.clear();
             let (id, handles, model) = op
                 .restorable
                 .clone()
@@ -1239,6 +1426,11 @@ impl Sim {
         let mut keys: Vec<Key> = self.operators[o].model.values.keys().cloned().collect();
         let mut entries: Vec<(Key, Vec<u8>)> =
             self.operators[o].model.maps.keys().cloned().collect();
+        let mut lists: Vec<Key> = self.operators[o].model.lists.keys().cloned().collect();
+        while lists.len() > 32 {
+            let i = self.rng.below(lists.len() as u64) as usize;
+            lists.swap_remove(i);
+        }
         // The same sample for the same seed: pick by the generator.
         while keys.len() > 64 {
             let i = self.rng.below(keys.len() as u64) as usize;
@@ -1259,6 +1451,14 @@ impl Sim {
             };
             self.submit_checked(o, key.0, r, Expect::Read(key.clone(), want));
         }
+        for key in lists {
+            let want = self.operators[o].model.lists.get(&key).cloned();
+            let r = |ls| Request {
+                capacity: 16 << 10,
+                ..Request::new(Opcode::ListGet, ls, key.0, &key.1)
+            };
+            self.submit_checked(o, key.0, r, Expect::ListRead(key.clone(), want));
+        }
         for (key, uk) in entries {
             let want = self.operators[o]
                 .model
@@ -1274,8 +1474,8 @@ impl Sim {
         }
     }
 
-    /// Submits the read `req` (given the part's value or map state id, as
-    /// its kind needs) to the part of operator `o` that serves key group
+    /// Submits the read `req` (given the part's value, map or list state
+    /// id, as its kind needs) to the part of operator `o` that serves key group
     /// `kg`, stepping the shard while the part's queue is full.
     fn submit_checked<'a>(
         &mut self,
@@ -1289,10 +1489,13 @@ impl Sim {
             .iter()
             .position(|c| c.op == o && (c.kg.0..=c.kg.1).contains(&kg))
             .expect("every key group has its part");
-        let map = matches!(expect, Expect::MapRead(..));
         for _ in 0..100_000 {
             let cl = &mut self.clients[c];
-            let r = req(if map { cl.map_state } else { cl.value_state });
+            let r = req(match expect {
+                Expect::MapRead(..) => cl.map_state,
+                Expect::ListRead(..) => cl.list_state,
+                _ => cl.value_state,
+            });
             let token = cl.next_token;
             if cl.session.submit(&r, token).is_ok() {
                 let _ = cl.session.flush();
@@ -1391,6 +1594,7 @@ fn seeded_runs_keep_every_acknowledged_write() {
         total.exports += c.exports;
         total.imports += c.imports;
         total.checkpoint_exports += c.checkpoint_exports;
+        total.list_refusals += c.list_refusals;
     };
     for seed in seeds {
         let (digest, c) = run_seed(seed, turns);
@@ -1412,7 +1616,7 @@ fn seeded_runs_keep_every_acknowledged_write() {
     }
     eprintln!("sim: in all {total:?}");
     assert!(
-        total.checked_reads > 0 && total.restores > 0,
+        total.checked_reads > 0 && total.restores > 0 && total.list_refusals > 0,
         "the runs checked something: {total:?}"
     );
 }
