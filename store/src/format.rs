@@ -23,6 +23,10 @@ pub const UNSUPPORTED_VERSION: &str = "unsupported segment format version";
 
 /// Target payload per data block before padding.
 pub const BLOCK_TARGET: usize = 4096 - 16;
+/// The longest value a record may hold: its block's `u32` payload length
+/// and the index's `u32` block length (rounded up to a page) must hold the
+/// value with its key (at most 64 KiB) and headers.
+pub const MAX_RECORD_VALUE: usize = u32::MAX as usize - (1 << 20);
 
 /// Record header: `u8 kind | u8 0 | u16 key_len | u32 value_len`.
 pub const RECORD_HEADER: usize = 8;

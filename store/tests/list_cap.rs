@@ -168,7 +168,66 @@ fn a_batch_that_would_pass_the_cap_applies_nothing() {
     }
     batch.remove(0);
     s.write_batch(&batch).unwrap();
-    assert!(run(&mut s, Op::ListGet(list(b"x"))).is_ok());
+    let Owned::Value(Some(x)) = run(&mut s, Op::ListGet(list(b"x"))).unwrap() else {
+        panic!("no list x");
+    };
+    assert_eq!(x.len(), EXACT * ENCODED);
+    // A replace earlier in the batch decides what later appends add to:
+    // one that would then pass the cap refuses the batch, replace and all.
+    let mut big = Vec::new();
+    for i in 0..EXACT {
+        big.extend_from_slice(&(ELEMENT as u32).to_le_bytes());
+        big.extend_from_slice(&element(i));
+    }
+    let mut small = (ELEMENT as u32).to_le_bytes().to_vec();
+    small.extend_from_slice(&element(0));
+    s.write_batch(&[Op::ListReplace(list(b"z"), &small)])
+        .unwrap();
+    let past = [
+        Op::ListReplace(list(b"z"), &big),
+        Op::ListAppend(list(b"z"), &elements[EXACT]),
+    ];
+    assert!(matches!(
+        s.write_batch(&past),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert_list(&mut s, b"z", 1);
+    // While a replace of the full list (already in the memtable) followed
+    // by a delete leaves room for the append after it.
+    s.write_batch(&[Op::ListReplace(list(b"x"), &big)]).unwrap();
+    s.write_batch(&[
+        Op::ListReplace(list(b"x"), &big),
+        Op::Delete(list(b"x")),
+        Op::ListAppend(list(b"x"), &elements[0]),
+    ])
+    .unwrap();
+    assert_list(&mut s, b"x", 1);
+}
+
+#[test]
+fn a_replacing_list_past_the_cap_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(config(d.path()), SyncIo::new(false)).unwrap();
+    let mut big = Vec::new();
+    for i in 0..=EXACT {
+        big.extend_from_slice(&(ELEMENT as u32).to_le_bytes());
+        big.extend_from_slice(&element(i));
+    }
+    assert!(matches!(
+        run(&mut s, Op::ListReplace(list(b"r"), &big)),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        s.write_batch(&[Op::ListReplace(list(b"r"), &big)]),
+        Err(StoreError::TooLarge { .. })
+    ));
+    assert_eq!(
+        run(&mut s, Op::ListGet(list(b"r"))).unwrap(),
+        Owned::Value(None)
+    );
+    big.truncate(EXACT * ENCODED);
+    run(&mut s, Op::ListReplace(list(b"r"), &big)).unwrap();
+    assert_list(&mut s, b"r", EXACT);
 }
 
 #[test]

@@ -304,14 +304,15 @@ impl<I: Io> Store<I> {
             if j.bottom && matches!(kind, Kind::Delete | Kind::Clear) {
                 continue;
             }
-            if value.len() > u32::MAX as usize {
+            if value.len() > format::MAX_RECORD_VALUE {
                 // Appends are capped (`list_cap`); only layers from
                 // elsewhere could join into more than a record's length
-                // holds. Fail the compaction rather than wrap it.
+                // holds. Fail the compaction (a background error, retried
+                // and reported) rather than write a wrapped length.
                 return self.abandon_compaction(StoreError::TooLarge {
                     what: "joined list",
                     len: value.len(),
-                    max: u32::MAX as usize,
+                    max: format::MAX_RECORD_VALUE,
                 });
             }
             j.scratch = value;

@@ -21,6 +21,18 @@ use super::*;
 pub const MAX_LIST_LEN: usize = 1 << 30;
 
 impl<I: Io> Store<I> {
+    /// Refuses a list of `len` encoded bytes past the cap.
+    pub(super) fn check_list_len(&self, len: usize) -> Result<(), StoreError> {
+        if len > self.cfg.max_list_len {
+            return Err(StoreError::TooLarge {
+                what: "list",
+                len,
+                max: self.cfg.max_list_len,
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses an append of `add` encoded bytes to the list at `key` (hash
     /// `h`) that might take it past the cap.
     pub(super) fn check_list_room(&self, key: &[u8], h: u64, add: usize) -> Result<(), StoreError> {

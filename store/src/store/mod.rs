@@ -60,7 +60,7 @@ use crate::hugemem::HugeArray;
 use crate::io::{Io, IoCompletion, OpenMode};
 use crate::keys;
 use crate::manifest::{Clip, Region};
-use crate::memtable::Memtable;
+use crate::memtable::{ListBytes, Memtable};
 use crate::ops::{IterMode, KeyRef, Op, Output, StateKind, Submitted, encode_element};
 use crate::pool::Pool;
 use crate::segment::{self, Segment, SegmentWriter};
@@ -1019,10 +1019,10 @@ impl<I: Io> Store<I> {
                 "{LAYERS_FILE} names {was} for a restored state, which failed its checks (left where it is): {why}"
             )));
         }
-        // Every restored layer's file is opened before anything is set
-        // aside or deleted: an open that fails must change nothing (a
-        // read error need not last, and a compaction output set aside by
-        // one would leave the layers it merged, whose files are gone,
+        // Every restored layer's file is opened before any segment is set
+        // aside or deleted: an open that fails here must have moved none
+        // (a read error need not last, and a compaction output set aside
+        // by one would leave the layers it merged, whose files are gone,
         // failing every later open; the simulator found it).
         let (merged, imports): (Vec<ImportRec>, Vec<ImportRec>) =
             imports.into_iter().partition(|imp| {

@@ -76,6 +76,7 @@ impl<I: Io> Store<I> {
                 check_value(list)?;
                 crate::ops::check_elements(list)
                     .ok_or(StoreError::Invalid("malformed element list"))?;
+                self.check_list_len(list.len())?;
                 let kind = if list.is_empty() {
                     Kind::Delete
                 } else {
@@ -238,9 +239,10 @@ impl<I: Io> Store<I> {
     /// first, then all are applied before any read can observe them.
     pub fn write_batch(&mut self, batch: &[Op<'_>]) -> Result<(), StoreError> {
         self.check_memory()?;
-        // Appends of the batch so far, per list: each is checked against
-        // the cap with the ones before it.
-        let mut appended: Vec<(Vec<u8>, usize)> = Vec::new();
+        // What the batch so far did to each list it touched: each append
+        // is checked against the cap as the batch applied up to it, so the
+        // batch is refused whole rather than cut short.
+        let mut lists: HashMap<Vec<u8>, ListBytes> = HashMap::new();
         for op in batch {
             match *op {
                 Op::Put(k, v)
@@ -253,25 +255,39 @@ impl<I: Io> Store<I> {
                         crate::ops::check_elements(l)
                             .ok_or(StoreError::Invalid("malformed element list"))?;
                     }
-                    let add = match op {
-                        Op::ListAppend(..) => 4 + v.len(),
-                        Op::ListAppendAll(..) => v.len(),
-                        _ => continue,
-                    };
-                    let before = match appended.iter_mut().find(|(k, _)| *k == key) {
-                        Some((_, n)) => {
-                            *n += add;
-                            *n - add
+                    let (add, decided) = match op {
+                        Op::ListAppend(..) => (4 + v.len(), false),
+                        Op::ListAppendAll(..) => (v.len(), false),
+                        Op::ListReplace(..) => {
+                            self.check_list_len(v.len())?;
+                            (v.len(), true)
                         }
-                        None => {
-                            appended.push((key.clone(), add));
-                            0
-                        }
+                        _ => (v.len(), true),
                     };
-                    self.check_list_room(&key, bloom::hash(&key), before + add)?;
+                    let l = lists.entry(key.clone()).or_default();
+                    if decided {
+                        *l = ListBytes {
+                            bytes: add as u64,
+                            decided,
+                        };
+                        continue;
+                    }
+                    l.bytes += add as u64;
+                    let l = *l;
+                    if l.decided {
+                        self.check_list_len(l.bytes as usize)?;
+                    } else {
+                        self.check_list_room(&key, bloom::hash(&key), l.bytes as usize)?;
+                    }
                 }
                 Op::Delete(k) | Op::Clear(k, _) => {
-                    encode(&k, None)?;
+                    lists.insert(
+                        encode(&k, None)?,
+                        ListBytes {
+                            bytes: 0,
+                            decided: true,
+                        },
+                    );
                 }
                 Op::MapPut(k, u, v) => {
                     encode(&k, Some(u))?;
