@@ -884,6 +884,12 @@ impl Sim {
                                 Notify::Abort
                             },
                         ));
+                        // Half the time the restore point it replaces is
+                        // subsumed too (Flink says so once a newer one
+                        // completed; the store deletes it, completed).
+                        if let (true, 0, Some((prev, _, _))) = (whole, id % 2, &op.restorable) {
+                            notices.push((cl.op, *prev, Notify::Subsume));
+                        }
                         if whole {
                             let handles = p
                                 .handles
@@ -1430,6 +1436,9 @@ impl Sim {
         while lists.len() > 32 {
             let i = self.rng.below(lists.len() as u64) as usize;
             lists.swap_remove(i);
+        }
+        for _ in 0..8 {
+            lists.push(self.key());
         }
         // The same sample for the same seed: pick by the generator.
         while keys.len() > 64 {
