@@ -18,7 +18,9 @@
 //! subtasks each operator comes back with (a rescale, restored by
 //! reference from the same handles), when a subtask exports its state as
 //! a portable snapshot that a new operator imports (over the sessions'
-//! chunk slots, as the Rust client does), and which disk fault (EIO, ENOSPC, a
+//! chunk slots, as the Rust client does; each import is a job of its own,
+//! which the daemon's janitor drops once its session closed, its records
+//! then left out by compaction), and which disk fault (EIO, ENOSPC, a
 //! torn write and then nothing, a flipped bit, a failed or slow fsync) the
 //! next incarnation of the store meets and after how many operations.
 //!
@@ -303,6 +305,8 @@ struct Counts {
     rescales: u64,
     /// Appends refused at the list cap.
     list_refusals: u64,
+    /// Importing jobs the janitor dropped.
+    jobs_dropped: u64,
     /// Portable snapshots exported and imported into a new operator, and
     /// how many of the exports were of a retained checkpoint.
     exports: u64,
@@ -510,14 +514,24 @@ impl Sim {
         );
     }
 
-    fn open_session(&mut self, operator: &str, kg: (u16, u16)) -> (u64, [std::os::fd::OwnedFd; 3]) {
+    /// A session of `job`'s `operator` over key groups `kg`, claimed and
+    /// counted in the registry as the control thread does (the janitor
+    /// drops only jobs without sessions).
+    fn open_session(
+        &mut self,
+        job: &str,
+        operator: &str,
+        kg: (u16, u16),
+    ) -> (u64, [std::os::fd::OwnedFd; 3]) {
+        Registry::open_session(&self.registry, job, 0)
+            .unwrap_or_else(|r| panic!("seed {}: {job} refused: {r:?}", self.seed));
         let sid = self.next_session;
         self.next_session += 1;
         let (reply, rx) = crossbeam_channel::bounded(1);
         self.tx
             .send(ShardMsg::Open {
                 session: sid,
-                owner: (JOB.into(), operator.into()),
+                owner: (job.into(), operator.into()),
                 subtask: (0, 1, u32::from(KEY_GROUPS)),
                 params: RingParams {
                     sq_entries: 256,
@@ -536,9 +550,9 @@ impl Sim {
         (sid, [fds.memfd, fds.to_daemon, fds.to_client])
     }
 
-    fn add_state(&mut self, sid: u64, operator: &str, name: &str, k: u8) -> u32 {
+    fn add_state(&mut self, sid: u64, job: &str, operator: &str, name: &str, k: u8) -> u32 {
         let store_id =
-            Registry::register_durably(&self.registry, JOB, operator, &[(name, k)]).unwrap()[0];
+            Registry::register_durably(&self.registry, job, operator, &[(name, k)]).unwrap()[0];
         let (reply, rx) = crossbeam_channel::bounded(1);
         let kind = match k {
             kind::MAP => StateKind::Map,
@@ -561,10 +575,10 @@ impl Sim {
     /// state as the store holds it).
     fn open_client(&mut self, o: usize, part: usize, kg: (u16, u16)) -> Client {
         let name = self.operators[o].name.clone();
-        let (sid, fds) = self.open_session(&name, kg);
-        let value_state = self.add_state(sid, &name, "value", kind::VALUE);
-        let map_state = self.add_state(sid, &name, "map", kind::MAP);
-        let list_state = self.add_state(sid, &name, "list", kind::LIST);
+        let (sid, fds) = self.open_session(JOB, &name, kg);
+        let value_state = self.add_state(sid, JOB, &name, "value", kind::VALUE);
+        let map_state = self.add_state(sid, JOB, &name, "map", kind::MAP);
+        let list_state = self.add_state(sid, JOB, &name, "list", kind::LIST);
         let (sock, _) = UnixStream::pair().unwrap();
         let session = Session::attach(sock, fds, sid, kg, &OpenOptions::new(JOB, &name)).unwrap();
         Client {
@@ -946,7 +960,7 @@ impl Sim {
                 Expect::Read(..) | Expect::MapRead(..) | Expect::ListRead(..) | Expect::Notify => {}
             }
         }
-        self.close(old.sid, old.session);
+        self.close(old.sid, JOB, old.session);
         let fresh = self.open_client(old.op, old.part, old.kg);
         self.clients.insert(c, fresh);
     }
@@ -957,8 +971,8 @@ impl Sim {
         self.counts.scribbles += 1;
         if self.hostile.is_empty() || self.rng.chance(30) {
             let operator = format!("hostile{}", self.next_session);
-            let (sid, fds) = self.open_session(&operator, (0, KEY_GROUPS - 1));
-            self.add_state(sid, &operator, "value", kind::VALUE);
+            let (sid, fds) = self.open_session(JOB, &operator, (0, KEY_GROUPS - 1));
+            self.add_state(sid, JOB, &operator, "value", kind::VALUE);
             let mine = Segment::attach(fds[0].try_clone().unwrap()).unwrap();
             let (sock, _) = UnixStream::pair().unwrap();
             let o = OpenOptions::new(JOB, &operator);
@@ -996,7 +1010,7 @@ impl Sim {
         }
         if self.rng.chance(20) {
             let gone = self.hostile.swap_remove(h);
-            self.close(gone.sid, gone.session);
+            self.close(gone.sid, JOB, gone.session);
         }
     }
 
@@ -1107,24 +1121,24 @@ impl Sim {
             return;
         };
         self.counts.exports += 1;
-        // Import into a new operator, then read every key back.
-        let name = format!("imp{id}");
-        let (sid, fds) = self.open_session(&name, kg);
+        // Import into a new job's operator, then read every key back.
+        let (job, name) = (format!("imp{id}"), "op".to_string());
+        let (sid, fds) = self.open_session(&job, &name, kg);
         let (sock, _) = UnixStream::pair().unwrap();
         let mut session =
-            Session::attach(sock, fds, sid, kg, &OpenOptions::new(JOB, &name)).unwrap();
+            Session::attach(sock, fds, sid, kg, &OpenOptions::new(&job, &name)).unwrap();
         if !self.import(&mut session, id, &chunks) {
             assert!(
                 faulty,
                 "seed {seed}: an import failed with no fault planned"
             );
-            self.close(sid, session);
+            self.close(sid, &job, session);
             return;
         }
         self.counts.imports += 1;
-        let value_state = self.add_state(sid, &name, "value", kind::VALUE);
-        let map_state = self.add_state(sid, &name, "map", kind::MAP);
-        let list_state = self.add_state(sid, &name, "list", kind::LIST);
+        let value_state = self.add_state(sid, &job, &name, "value", kind::VALUE);
+        let map_state = self.add_state(sid, &job, &name, "map", kind::MAP);
+        let list_state = self.add_state(sid, &job, &name, "list", kind::LIST);
         let keys: Vec<Key> = (0..KEYS)
             .map(|k| ((k % u64::from(KEY_GROUPS)) as u16, k.to_be_bytes().to_vec()))
             .filter(|k| (kg.0..=kg.1).contains(&k.0))
@@ -1191,7 +1205,30 @@ impl Sim {
             ok || faulty,
             "seed {seed}: reads of an import never completed"
         );
-        self.close(sid, session);
+        self.close(sid, &job, session);
+        if self.rng.chance(50) {
+            self.janitor();
+        }
+    }
+
+    /// The daemon's janitor with no grace time: every job without a
+    /// session or a retained checkpoint is dropped (here, the importing
+    /// jobs done with), and compaction leaves its records out once the
+    /// names' save is durable. The operators' job always has sessions, so
+    /// it is never dropped, and its reads go on checking that nothing of
+    /// it went with the others'.
+    fn janitor(&mut self) {
+        let retained = statord::registry::Retained {
+            jobs: HashSet::new(),
+            as_of: Instant::now(),
+        };
+        let dropped = Registry::drop_idle(&self.registry, Duration::ZERO, &retained);
+        assert!(
+            !dropped.iter().any(|j| j == JOB),
+            "seed {}: a job with sessions was dropped",
+            self.seed
+        );
+        self.counts.jobs_dropped += dropped.len() as u64;
     }
 
     /// Exports `session`'s state as snapshot `id`, live or what the
@@ -1301,7 +1338,7 @@ impl Sim {
 
     /// Closes session `sid` as the control side does when its client's
     /// connection ends: the client's end goes first, then the shard's.
-    fn close(&mut self, sid: u64, session: Session) {
+    fn close(&mut self, sid: u64, job: &str, session: Session) {
         let (reply, rx) = crossbeam_channel::bounded(1);
         self.tx
             .send(ShardMsg::Close {
@@ -1311,6 +1348,7 @@ impl Sim {
             .unwrap();
         drop(session);
         self.await_reply(&rx);
+        self.registry.lock().unwrap().leave(job);
     }
 
     /// The machine dies: the shard and everything in memory are gone. The
@@ -1604,6 +1642,7 @@ fn seeded_runs_keep_every_acknowledged_write() {
         total.imports += c.imports;
         total.checkpoint_exports += c.checkpoint_exports;
         total.list_refusals += c.list_refusals;
+        total.jobs_dropped += c.jobs_dropped;
     };
     for seed in seeds {
         let (digest, c) = run_seed(seed, turns);
@@ -1625,7 +1664,10 @@ fn seeded_runs_keep_every_acknowledged_write() {
     }
     eprintln!("sim: in all {total:?}");
     assert!(
-        total.checked_reads > 0 && total.restores > 0 && total.list_refusals > 0,
+        total.checked_reads > 0
+            && total.restores > 0
+            && total.list_refusals > 0
+            && total.jobs_dropped > 0,
         "the runs checked something: {total:?}"
     );
 }

@@ -396,6 +396,9 @@ pub struct Shard<I: Io = UringIo> {
     /// A session opened or closed, or a checkpoint completed: the report
     /// is rebuilt at the next pass, not at the next period.
     report_now: bool,
+    /// When [`Shard::step`] last rebuilt the report, by the store's clock
+    /// (simulated in `tests/sim.rs`; `run` keeps its own).
+    stepped_report: Instant,
     /// Releases answered once their manifests' unlinks complete.
     releases: Vec<PendingRelease>,
     /// Restores whose segments are being opened (see
@@ -481,6 +484,7 @@ impl<I: Io> Shard<I> {
             stats: ShardStats::default(),
             live: Arc::default(),
             report_now: false,
+            stepped_report: clock::now(),
             releases: Vec::new(),
             restoring: Vec::new(),
             restore_serial: 0,
@@ -543,6 +547,10 @@ impl<I: Io> Shard<I> {
     /// as the simulator (`tests/sim.rs`) does from one thread.
     pub fn step(&mut self) -> bool {
         self.control();
+        // The report also hands the store the registry's dropped states.
+        let mut at = self.stepped_report;
+        self.maybe_report(clock::now(), &mut at);
+        self.stepped_report = at;
         !self.stopping && self.pass()
     }
 
