@@ -139,7 +139,33 @@ impl Manifest {
             + self.states.capacity() * std::mem::size_of::<u32>()
             + self.meta.capacity()
             + self.layers.capacity() * std::mem::size_of::<LayerRef>()
-            + self.layers.iter().map(|l| l.name.capacity()).sum::<usize>()
+            + self.layers.iter().map(LayerRef::heap_bytes).sum::<usize>()
+    }
+}
+
+impl LayerRef {
+    /// The heap memory it holds: its name and its clip's.
+    pub fn heap_bytes(&self) -> usize {
+        self.name.capacity() + self.clip.memory_bytes()
+    }
+}
+
+impl Region {
+    /// The heap memory it holds (its state list's capacity).
+    fn heap_bytes(&self) -> usize {
+        self.states
+            .as_ref()
+            .map_or(0, |s| s.capacity() * std::mem::size_of::<u32>())
+    }
+}
+
+impl Clip {
+    /// The heap memory it holds: its regions' state lists and the list
+    /// of regions it drops (its own `keep` is inline).
+    pub fn memory_bytes(&self) -> usize {
+        self.keep.heap_bytes()
+            + self.drop.capacity() * std::mem::size_of::<Region>()
+            + self.drop.iter().map(Region::heap_bytes).sum::<usize>()
     }
 }
 
@@ -484,6 +510,27 @@ mod tests {
         for cut in [0, 10, 43, body, body + 3] {
             assert!(Manifest::decode(&b[..cut]).is_err());
         }
+    }
+
+    /// A clip's regions and their state lists count (a restore's clips
+    /// drop a region per masked range).
+    #[test]
+    fn memory_counts_clips() {
+        let m = sample();
+        let mut more = sample();
+        let clip = &mut more.layers[0].clip;
+        for i in 0..100 {
+            clip.drop.push(Region {
+                lo: i,
+                hi: i,
+                states: Some(vec![1, 2, 3, 4]),
+            });
+        }
+        let grew = more.memory_bytes() - m.memory_bytes();
+        assert!(
+            grew >= 100 * (std::mem::size_of::<Region>() + 16),
+            "grew {grew}"
+        );
     }
 
     #[test]

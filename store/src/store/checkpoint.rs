@@ -289,7 +289,13 @@ impl Checkpoints {
             + self
                 .pending
                 .iter()
-                .map(|(_, p)| p.manifest.memory_bytes())
+                .map(|(_, p)| {
+                    // Its layers, gathered apart until the manifest is
+                    // written (then moved into it).
+                    p.manifest.memory_bytes()
+                        + p.layers.capacity() * std::mem::size_of::<(u64, LayerRef)>()
+                        + p.layers.iter().map(|(_, l)| l.heap_bytes()).sum::<usize>()
+                })
                 .sum::<usize>()
     }
 
