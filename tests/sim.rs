@@ -153,7 +153,7 @@ impl Expect {
     fn what(&self) -> String {
         match self {
             Expect::Read(..) => "read".to_string(),
-            Expect::MapRead(..) => "map read".to_string(),
+            Expect::MapRead(_, uk, _) => format!("map read of entry {uk:?}"),
             Expect::ListRead(..) => "list read".to_string(),
             Expect::Append(..) => "append".to_string(),
             Expect::Write(..) => "write".to_string(),
@@ -840,28 +840,16 @@ impl Sim {
                         }
                     }
                     Expect::Append(k, element) => op.appended(seed, k, &element, ok, capped),
-                    Expect::ListRead(k, want) => {
-                        if ok && !op.unknown.contains(&k) {
+                    Expect::ListRead(ref k, ref want) | Expect::MapRead(ref k, _, ref want) => {
+                        if ok && !op.unknown.contains(k) {
                             let got = (status == Ok(Status::Ok)).then(|| value.unwrap_or_default());
                             assert!(
-                                got == want,
-                                "seed {seed}: {} list read {k:?}: {:?} bytes, want {:?}",
+                                got == *want,
+                                "seed {seed}: {} {} {k:?}: {:?} bytes, want {:?}",
                                 op.name,
+                                expect.what(),
                                 got.map(|g| g.len()),
-                                want.map(|w| w.len())
-                            );
-                            self.counts.checked_reads += 1;
-                        }
-                    }
-                    Expect::MapRead(k, uk, want) => {
-                        if ok && !op.unknown.contains(&k) {
-                            let got = (status == Ok(Status::Ok)).then(|| value.unwrap_or_default());
-                            assert!(
-                                got == want,
-                                "seed {seed}: {} map read {k:?}/{uk:?}: {:?} bytes, want {:?}",
-                                op.name,
-                                got.map(|g| g.len()),
-                                want.map(|w| w.len())
+                                want.as_ref().map(|w| w.len())
                             );
                             self.counts.checked_reads += 1;
                         }

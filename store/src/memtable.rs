@@ -629,45 +629,22 @@ mod tests {
     fn a_merge_record_carries_its_lists_bytes() {
         let mut m = Memtable::new(16);
         let (a, b, c) = (&b"a"[..], &b"b"[..], &b"c"[..]);
+        let lb = |bytes, decided| Some(ListBytes { bytes, decided });
         assert_eq!(m.list_bytes(a, hash(a)), None);
         m.merge(a, hash(a), &[0; 7]);
         m.merge(a, hash(a), &[0; 5]);
-        assert_eq!(
-            m.list_bytes(a, hash(a)),
-            Some(ListBytes {
-                bytes: 12,
-                decided: false
-            })
-        );
+        assert_eq!(m.list_bytes(a, hash(a)), lb(12, false));
         m.write(Kind::Put, b, hash(b), &[0; 100]);
         m.merge(b, hash(b), &[0; 3]);
-        assert_eq!(
-            m.list_bytes(b, hash(b)),
-            Some(ListBytes {
-                bytes: 103,
-                decided: true
-            })
-        );
+        assert_eq!(m.list_bytes(b, hash(b)), lb(103, true));
         m.write(Kind::Delete, c, hash(c), &[]);
         m.merge(c, hash(c), &[0; 9]);
-        assert_eq!(
-            m.list_bytes(c, hash(c)),
-            Some(ListBytes {
-                bytes: 9,
-                decided: true
-            })
-        );
+        assert_eq!(m.list_bytes(c, hash(c)), lb(9, true));
         // The trailer changes nothing a read sees.
         let r = m.lookup(c, hash(c)).unwrap();
         assert_eq!((r.kind, r.value.len()), (Kind::Merge, 9));
         m.write(Kind::Put, a, hash(a), &[0; 4]);
-        assert_eq!(
-            m.list_bytes(a, hash(a)),
-            Some(ListBytes {
-                bytes: 4,
-                decided: true
-            })
-        );
+        assert_eq!(m.list_bytes(a, hash(a)), lb(4, true));
     }
 
     #[test]

@@ -30,6 +30,16 @@ fn element(i: usize) -> Vec<u8> {
     vec![i as u8; ELEMENT]
 }
 
+/// Elements `range`, encoded as a list.
+fn encoded(range: std::ops::Range<usize>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for i in range {
+        out.extend_from_slice(&(ELEMENT as u32).to_le_bytes());
+        out.extend_from_slice(&element(i));
+    }
+    out
+}
+
 fn config(dir: &std::path::Path) -> StoreConfig {
     let mut cfg = StoreConfig::new(dir, 64 << 20);
     cfg.memtable_bytes = Some(4 << 20);
@@ -80,11 +90,7 @@ fn an_append_past_the_cap_is_refused_in_memory() {
     assert_eq!(append_until_refused(&mut s, b"a", 0), EXACT);
     assert_list(&mut s, b"a", EXACT);
     // Several elements at once are refused whole.
-    let mut two = Vec::new();
-    for i in 0..2 {
-        two.extend_from_slice(&(ELEMENT as u32).to_le_bytes());
-        two.extend_from_slice(&element(EXACT + i));
-    }
+    let two = encoded(EXACT..EXACT + 2);
     assert!(matches!(
         run(&mut s, Op::ListAppendAll(list(b"a"), &two)),
         Err(StoreError::TooLarge { .. })
@@ -174,13 +180,8 @@ fn a_batch_that_would_pass_the_cap_applies_nothing() {
     assert_eq!(x.len(), EXACT * ENCODED);
     // A replace earlier in the batch decides what later appends add to:
     // one that would then pass the cap refuses the batch, replace and all.
-    let mut big = Vec::new();
-    for i in 0..EXACT {
-        big.extend_from_slice(&(ELEMENT as u32).to_le_bytes());
-        big.extend_from_slice(&element(i));
-    }
-    let mut small = (ELEMENT as u32).to_le_bytes().to_vec();
-    small.extend_from_slice(&element(0));
+    let big = encoded(0..EXACT);
+    let small = encoded(0..1);
     s.write_batch(&[Op::ListReplace(list(b"z"), &small)])
         .unwrap();
     let past = [
@@ -208,11 +209,7 @@ fn a_batch_that_would_pass_the_cap_applies_nothing() {
 fn a_replacing_list_past_the_cap_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let (mut s, _) = Store::open(config(d.path()), SyncIo::new(false)).unwrap();
-    let mut big = Vec::new();
-    for i in 0..=EXACT {
-        big.extend_from_slice(&(ELEMENT as u32).to_le_bytes());
-        big.extend_from_slice(&element(i));
-    }
+    let mut big = encoded(0..EXACT + 1);
     assert!(matches!(
         run(&mut s, Op::ListReplace(list(b"r"), &big)),
         Err(StoreError::TooLarge { .. })
