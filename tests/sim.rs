@@ -286,6 +286,11 @@ struct Sim {
     /// The planned fault kills the machine (a torn write, after which
     /// nothing reaches the disk): requests may then never complete.
     dying: bool,
+    /// The planned fault stays once it struck (a disk that fails every
+    /// fsync from then on): a checkpoint waiting for a flush waits for
+    /// good, as the store retries the flush (the engine's checkpoint
+    /// timeout aborts it).
+    stuck: bool,
     /// A digest of every completion the clients saw, in order.
     digest: u64,
     counts: Counts,
@@ -406,6 +411,7 @@ impl Sim {
             next_snapshot: 1,
             faulty: false,
             dying: false,
+            stuck: false,
             digest: 0xcbf2_9ce4_8422_2325,
             counts: Counts::default(),
         }
@@ -469,12 +475,17 @@ impl Sim {
     }
 
     /// Runs `turns` turns, then lets everything in flight complete (a
-    /// machine a torn write killed crashes first, as it would).
+    /// machine a torn write killed, or whose disk fails for good, crashes
+    /// first and comes back on a sound disk).
     fn run(&mut self, turns: u64) {
         for _ in 0..turns {
             self.turn();
         }
-        if self.dying {
+        let struck = self
+            .shard
+            .as_ref()
+            .is_some_and(|s| s.store().io().injected > 0);
+        if self.dying || (self.stuck && struck) {
             self.crash(false);
         }
         let end = Instant::now() + Duration::from_secs(60);
@@ -1382,6 +1393,7 @@ impl Sim {
         (self.shard, self.tx, self.registry) = (Some(shard), tx, registry);
         self.faulty = plan.is_some();
         self.dying = plan.is_some_and(|p| p.fault == Fault::TornWriteCrash);
+        self.stuck = plan.is_some_and(|p| p.sticky);
         let mut failed = false;
         for o in 0..self.operators.len() {
             // Each operator comes back with one or two subtasks: a rescale
