@@ -1143,34 +1143,31 @@ impl Sim {
             .filter(|k| (kg.0..=kg.1).contains(&k.0))
             .collect();
         let uks: Vec<Vec<u8>> = (0..USER_KEYS).map(|u| u.to_be_bytes().to_vec()).collect();
+        // Each read, its token (its place here) and what it must answer.
         let mut want: Vec<(u64, Request<'_>, Option<Vec<u8>>)> = Vec::new();
+        let mut read = |req, user_key, expect| {
+            let req = Request {
+                user_key,
+                capacity: 16 << 10,
+                ..req
+            };
+            want.push((want.len() as u64, req, expect));
+        };
         for k in keys.iter().filter(|k| !skip.contains(k)) {
-            want.push((
-                want.len() as u64,
-                Request {
-                    capacity: 16 << 10,
-                    ..Request::new(Opcode::Get, value_state, k.0, &k.1)
-                },
+            let get = |op, state| Request::new(op, state, k.0, &k.1);
+            read(
+                get(Opcode::Get, value_state),
+                b"",
                 model.values.get(k).cloned(),
-            ));
-            want.push((
-                want.len() as u64,
-                Request {
-                    capacity: 16 << 10,
-                    ..Request::new(Opcode::ListGet, list_state, k.0, &k.1)
-                },
+            );
+            read(
+                get(Opcode::ListGet, list_state),
+                b"",
                 model.lists.get(k).cloned(),
-            ));
+            );
             for uk in &uks {
-                want.push((
-                    want.len() as u64,
-                    Request {
-                        user_key: uk,
-                        capacity: 16 << 10,
-                        ..Request::new(Opcode::MapGet, map_state, k.0, &k.1)
-                    },
-                    model.maps.get(&(k.clone(), uk.clone())).cloned(),
-                ));
+                let entry = model.maps.get(&(k.clone(), uk.clone())).cloned();
+                read(get(Opcode::MapGet, map_state), uk, entry);
             }
         }
         let mut next = 0;

@@ -57,6 +57,14 @@ pub struct ListBytes {
     pub decided: bool,
 }
 
+/// A key's newest record and what it says of the key's list (see
+/// [`Memtable::list_head`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ListHead {
+    addr: u64,
+    pub bytes: ListBytes,
+}
+
 /// An in-memory table of records.
 pub struct Memtable {
     chunks: Vec<HugeArray<u8>>,
@@ -454,20 +462,35 @@ impl Memtable {
 
     /// Appends list elements (already encoded) to `key`'s chain.
     pub fn merge(&mut self, key: &[u8], h: u64, operand: &[u8]) {
-        let prev = self.lookup_addr(key, h);
-        let before = prev.map_or(ListBytes::default(), |a| self.list_bytes_at(a));
+        let head = self.list_head(key, h);
+        self.merge_onto(key, h, head, operand);
+    }
+
+    /// [`Memtable::merge`] onto `head`, what [`Memtable::list_head`] found
+    /// for `key` with nothing written since (a caller that looked first,
+    /// to check the list's length, looks once).
+    pub fn merge_onto(&mut self, key: &[u8], h: u64, head: Option<ListHead>, operand: &[u8]) {
+        let before = head.map_or(ListBytes::default(), |x| x.bytes);
         let list = ListBytes {
             bytes: before.bytes + operand.len() as u64,
             decided: before.decided,
         };
-        let addr = self.append(Kind::Merge, key, operand, prev, Some(list));
+        let addr = self.append(Kind::Merge, key, operand, head.map(|x| x.addr), Some(list));
         self.set_slot(key, h, addr);
     }
 
-    /// What this memtable holds of the list at `key` (`None`: no record),
-    /// known without walking its chain.
+    /// The newest record of `key` and what this memtable holds of its
+    /// list, known without walking its chain (`None`: no record).
+    pub fn list_head(&self, key: &[u8], h: u64) -> Option<ListHead> {
+        self.lookup_addr(key, h).map(|addr| ListHead {
+            addr,
+            bytes: self.list_bytes_at(addr),
+        })
+    }
+
+    /// What this memtable holds of the list at `key` (`None`: no record).
     pub fn list_bytes(&self, key: &[u8], h: u64) -> Option<ListBytes> {
-        self.lookup_addr(key, h).map(|a| self.list_bytes_at(a))
+        self.list_head(key, h).map(|x| x.bytes)
     }
 
     fn list_bytes_at(&self, addr: u64) -> ListBytes {

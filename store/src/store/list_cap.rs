@@ -34,8 +34,16 @@ impl<I: Io> Store<I> {
     }
 
     /// Refuses an append of `add` encoded bytes to the list at `key` (hash
-    /// `h`) that might take it past the cap.
-    pub(super) fn check_list_room(&self, key: &[u8], h: u64, add: usize) -> Result<(), StoreError> {
+    /// `h`) that might take it past the cap; `active` is what the active
+    /// memtable holds of it (`Memtable::list_head`, which the append
+    /// then writes onto).
+    pub(super) fn check_list_room(
+        &self,
+        key: &[u8],
+        h: u64,
+        add: usize,
+        active: Option<ListBytes>,
+    ) -> Result<(), StoreError> {
         let cap = self.cfg.max_list_len as u64;
         let refuse = |len: u64| {
             Err(StoreError::TooLarge {
@@ -46,7 +54,7 @@ impl<I: Io> Store<I> {
         };
         let within = |len: u64| if len > cap { refuse(len) } else { Ok(()) };
         let mut total = add as u64;
-        if let Some(l) = self.active.list_bytes(key, h) {
+        if let Some(l) = active {
             total += l.bytes;
             if l.decided {
                 return within(total);

@@ -55,21 +55,23 @@ impl<I: Io> Store<I> {
             Op::Delete(_) => self.active.write(Kind::Delete, key, h, &[]),
             Op::ListAppend(_, e) => {
                 check_value(e)?;
-                self.check_list_room(key, h, 4 + e.len())?;
+                let head = self.active.list_head(key, h);
+                self.check_list_room(key, h, 4 + e.len(), head.map(|x| x.bytes))?;
                 self.scratch.clear();
                 encode_element(&mut self.scratch, e);
                 let operand = std::mem::take(&mut self.scratch);
-                self.active.merge(key, h, &operand);
+                self.active.merge_onto(key, h, head, &operand);
                 self.scratch = operand;
             }
             Op::ListAppendAll(_, list) => {
                 check_value(list)?;
                 crate::ops::check_elements(list)
                     .ok_or(StoreError::Invalid("malformed element list"))?;
-                self.check_list_room(key, h, list.len())?;
+                let head = self.active.list_head(key, h);
+                self.check_list_room(key, h, list.len(), head.map(|x| x.bytes))?;
                 // The operand is already what a list's operands join into.
                 if !list.is_empty() {
-                    self.active.merge(key, h, list);
+                    self.active.merge_onto(key, h, head, list);
                 }
             }
             Op::ListReplace(_, list) => {
@@ -277,7 +279,9 @@ impl<I: Io> Store<I> {
                     if l.decided {
                         self.check_list_len(l.bytes as usize)?;
                     } else {
-                        self.check_list_room(&key, bloom::hash(&key), l.bytes as usize)?;
+                        let h = bloom::hash(&key);
+                        let active = self.active.list_bytes(&key, h);
+                        self.check_list_room(&key, h, l.bytes as usize, active)?;
                     }
                 }
                 Op::Delete(k) | Op::Clear(k, _) => {
